@@ -1,0 +1,38 @@
+"""Triton Python-based backend `diffusion`: one TritonPythonModel for every stage.
+
+Each model in the repository picks its stage with `parameters { key: "stage" ... }`;
+the work happens in `ditserve.stages.<stage>` (business logic lives in the package).
+"""
+import json
+import sys
+from pathlib import Path
+
+try:
+    import ditserve  # noqa: F401  (installed with `pip install -e .`)
+except ImportError:  # running from a checkout or a container copy without install
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ditserve.stages import stage_class
+
+
+def _stage_of(config: dict) -> str:
+    stage = config.get("parameters", {}).get("stage", {}).get("string_value")
+    if not stage:
+        raise ValueError(f"model '{config.get('name')}': config.pbtxt needs parameters {{ key: \"stage\" ... }}")
+    return stage
+
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(auto_complete_model_config):
+        return stage_class(_stage_of(auto_complete_model_config.as_dict())).auto_complete(auto_complete_model_config)
+
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        self.stage = stage_class(_stage_of(config))(args, config)
+
+    def execute(self, requests):
+        return self.stage.execute(requests)
+
+    def finalize(self):
+        self.stage.finalize()

@@ -1,0 +1,16 @@
+"""Model-family adapters: the step contract for each family, one file per family."""
+from __future__ import annotations
+
+from .base import FamilyAdapter
+from .pixart_sigma import PixArtSigmaAdapter
+
+ADAPTERS: dict[str, type[FamilyAdapter]] = {
+    "pixart-sigma": PixArtSigmaAdapter,
+}
+
+
+def adapter_for(family: str) -> type[FamilyAdapter]:
+    try:
+        return ADAPTERS[family]
+    except KeyError:
+        raise ValueError(f"unknown model family {family!r}; known: {sorted(ADAPTERS)}") from None

@@ -1,0 +1,138 @@
+"""The step contract every model family implements, and the logic they all share.
+
+A family adapter wraps a diffusers pipeline loaded with `from_pretrained` and splits
+its `__call__` into the pieces the serving stages need:
+
+  encode_text  (text_encoder stage)   prompts -> embeddings + masks
+  prepare      (dit, on admission)    params + conditioning -> RequestState
+  denoise      (dit, every step)      batch of states -> guided model output per state
+  scheduler_step (dit, per request)   advance one state with its own scheduler
+  decode       (vae_decode stage)     latents -> uint8 media on the device
+
+Only the pieces that differ between families are abstract.
+"""
+from __future__ import annotations
+
+import copy
+import inspect
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+import torch
+from diffusers.utils.torch_utils import randn_tensor
+
+from ..deployment import Deployment
+from ..schema import GenerationParams
+from ..state import RequestState, TextConditioning
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+# Which pipeline components each serving stage needs; the others are not loaded.
+STAGE_COMPONENTS = {
+    "text_encoder": ("text_encoder", "tokenizer"),
+    "dit": ("transformer", "scheduler"),
+    "vae_decode": ("vae",),
+}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"deployment asks for device {name!r} but CUDA is not available; use device = \"auto\" or \"cpu\"")
+    return device
+
+
+class FamilyAdapter(ABC):
+    """Shared loading, noise, scheduling and media conversion; families fill in the rest."""
+
+    pipeline_class: ClassVar[type]
+    component_names: ClassVar[tuple[str, ...]]
+
+    def __init__(self, deployment: Deployment, stage: str):
+        self.deployment = deployment
+        self.device = resolve_device(deployment.model.device)
+        self.dtype = DTYPES[deployment.model.dtype]
+        keep = set(STAGE_COMPONENTS[stage])
+        skipped = {name: None for name in self.component_names if name not in keep}
+        self.pipe = self.pipeline_class.from_pretrained(
+            deployment.model_location(), torch_dtype=self.dtype, **skipped
+        ).to(self.device)
+        self.check_limits(stage)
+
+    # ---- family-specific -------------------------------------------------------------
+    @abstractmethod
+    def encode_text(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Embeddings [N, L, D] and masks [N, L] for N texts, as the pipeline computes them."""
+
+    @abstractmethod
+    def latent_shape(self, params: GenerationParams) -> tuple[int, ...]:
+        """Shape of one request's initial noise, batch dim included."""
+
+    @abstractmethod
+    def forward(self, latents: torch.Tensor, timesteps: torch.Tensor, cond: TextConditioning) -> torch.Tensor:
+        """One transformer forward over a stacked batch; returns the scheduler-ready output."""
+
+    @abstractmethod
+    def decode_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        """VAE decode to float media in [-1, 1], layout [N, ..., C, H, W] as the VAE gives it."""
+
+    def check_limits(self, stage: str) -> None:
+        """Fail at load time when the deployment's limits disagree with the model."""
+
+    # ---- shared ------------------------------------------------------------------------
+    def new_scheduler(self):
+        """A private scheduler per request: multistep solvers keep per-request history."""
+        return copy.deepcopy(self.pipe.scheduler)
+
+    def prepare(self, key: str, params: GenerationParams, cond: TextConditioning) -> RequestState:
+        scheduler = self.new_scheduler()
+        scheduler.set_timesteps(params.num_inference_steps, device=self.device)
+        # A CPU generator makes a seed mean the same noise on every device, as in diffusers.
+        generator = torch.Generator("cpu").manual_seed(params.seed)
+        latents = randn_tensor(self.latent_shape(params), generator=generator, device=self.device, dtype=self.dtype)
+        latents = latents * scheduler.init_noise_sigma
+        cond = TextConditioning(cond.embeds.to(self.device, self.dtype), cond.mask.to(self.device))
+        accepts_generator = "generator" in inspect.signature(scheduler.step).parameters
+        step_kwargs = {"generator": generator} if accepts_generator else {}
+        return RequestState(key, params, scheduler, scheduler.timesteps, latents, cond, generator, step_kwargs)
+
+    @torch.inference_mode()
+    def denoise(self, states: list[RequestState]) -> list[torch.Tensor]:
+        """One guided model output per state; all states must share a compat key."""
+        latents, timesteps, embeds, masks = [], [], [], []
+        for s in states:
+            rows = 2 if s.params.do_cfg else 1
+            model_input = s.scheduler.scale_model_input(torch.cat([s.latents] * rows), s.timestep)
+            latents.append(model_input)
+            timesteps.append(s.timestep.reshape(1).expand(rows))
+            embeds.append(s.cond.embeds)
+            masks.append(s.cond.mask)
+        out = self.forward(torch.cat(latents), torch.cat(timesteps).to(self.device),
+                           TextConditioning(torch.cat(embeds), torch.cat(masks)))
+        results, row = [], 0
+        for s in states:
+            if s.params.do_cfg:
+                uncond, text = out[row:row + 1], out[row + 1:row + 2]
+                results.append(uncond + s.params.guidance_scale * (text - uncond))
+                row += 2
+            else:
+                results.append(out[row:row + 1])
+                row += 1
+        return results
+
+    def scheduler_step(self, state: RequestState, model_output: torch.Tensor) -> None:
+        state.latents = state.scheduler.step(
+            model_output, state.timestep, state.latents, **state.step_kwargs, return_dict=False
+        )[0]
+        state.step_index += 1
+
+    @torch.inference_mode()
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """uint8 media, channels last, made on the device (rounded as diffusers' numpy_to_pil)."""
+        media = self.decode_latents(latents.to(self.device, self.pipe.vae.dtype))
+        media = (media / 2 + 0.5).clamp(0, 1)
+        media = media.movedim(-3, -1)  # [..., C, H, W] -> [..., H, W, C]
+        return (media.float() * 255).round().to(torch.uint8)
+

@@ -1,0 +1,98 @@
+"""Deployment config: which checkpoint, dtype, device, defaults, limits and engine mode.
+
+One TOML file per deployment under `configs/`. The model repository names none: every
+stage reads `DITSERVE_DEPLOYMENT` (set by `scripts/serve.py`) or falls back to the
+`deployment` parameter of its config.pbtxt, so switching checkpoints never edits code.
+"""
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_DEPLOYMENT = "configs/tiny-pixart-sigma.toml"
+ENGINE_MODES = ("serial", "request_batch", "step")
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    family: str
+    path: str
+    dtype: str = "float32"
+    device: str = "auto"
+    max_sequence_length: int = 300
+
+
+@dataclass(frozen=True)
+class Defaults:
+    height: int = 1024
+    width: int = 1024
+    num_inference_steps: int = 20
+    guidance_scale: float = 4.5
+    negative_prompt: str = ""
+
+
+@dataclass(frozen=True)
+class Limits:
+    size_multiple: int = 16
+    min_size: int = 256
+    max_size: int = 2048
+    max_steps: int = 100
+    max_guidance_scale: float = 30.0
+    max_prompt_bytes: int = 8192
+
+
+@dataclass(frozen=True)
+class EngineSection:
+    mode: str = "step"
+    capacity: int = 1
+
+
+@dataclass(frozen=True)
+class Deployment:
+    model: ModelSection
+    defaults: Defaults = field(default_factory=Defaults)
+    limits: Limits = field(default_factory=Limits)
+    engine: EngineSection = field(default_factory=EngineSection)
+    source: str = ""
+
+    def model_location(self) -> str:
+        """A local folder (resolved against the repo root) when it exists, else a hub id."""
+        local = Path(self.model.path)
+        if not local.is_absolute():
+            local = REPO_ROOT / local
+        return str(local) if local.exists() else self.model.path
+
+
+def _section(cls, data: dict, name: str):
+    known = {f.name for f in fields(cls)}
+    unknown = set(data) - known
+    if unknown:
+        raise ValueError(f"deployment [{name}] has unknown keys {sorted(unknown)}; allowed: {sorted(known)}")
+    return cls(**data)
+
+
+def load_deployment(path: str | os.PathLike | None = None) -> Deployment:
+    """Load and check a deployment file; `path=None` uses $DITSERVE_DEPLOYMENT or the default."""
+    path = Path(path or os.environ.get("DITSERVE_DEPLOYMENT") or DEFAULT_DEPLOYMENT)
+    if not path.is_absolute():
+        path = REPO_ROOT / path
+    if not path.exists():
+        raise FileNotFoundError(f"deployment config {path} not found; pick one under {REPO_ROOT / 'configs'}")
+    data = tomllib.loads(path.read_text())
+    if "model" not in data:
+        raise ValueError(f"deployment {path} lacks a [model] section")
+    dep = Deployment(
+        model=_section(ModelSection, data["model"], "model"),
+        defaults=_section(Defaults, data.get("defaults", {}), "defaults"),
+        limits=_section(Limits, data.get("limits", {}), "limits"),
+        engine=_section(EngineSection, data.get("engine", {}), "engine"),
+        source=str(path),
+    )
+    if dep.engine.mode not in ENGINE_MODES:
+        raise ValueError(f"deployment [engine] mode={dep.engine.mode!r}; allowed: {ENGINE_MODES}")
+    if dep.engine.capacity < 1:
+        raise ValueError(f"deployment [engine] capacity={dep.engine.capacity}; must be >= 1")
+    return dep

@@ -1,0 +1,194 @@
+"""Start a real `tritonserver` (from the nvidia-pytriton wheel) on our model repository.
+
+Triton loads a Python-based backend from `<backend-directory>/<name>/model.py` and runs it
+with `<backend-directory>/python/libtriton_python.so` and a stub built for the running
+Python. The wheel ships the stubs separately, so we assemble a backend directory under
+`.triton/` (git-ignored) once, with symlinks back to the wheel and to `backends/diffusion`.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BACKEND_NAME = "diffusion"
+
+
+def _pytriton_dir() -> Path:
+    try:
+        import pytriton  # noqa: F401  (only to locate the wheel)
+    except ImportError as exc:  # pragma: no cover - install problem
+        raise SystemExit("nvidia-pytriton is not installed: run `bash scripts/setup.sh` first") from exc
+    return Path(pytriton.__file__).parent / "tritonserver"
+
+
+def tritonserver_binary() -> Path:
+    """Path of the tritonserver executable; `TRITONSERVER` overrides the wheel's copy."""
+    return Path(os.environ.get("TRITONSERVER") or _pytriton_dir() / "bin" / "tritonserver")
+
+
+def backend_directory(workdir: Path | None = None) -> Path:
+    """Assemble (idempotently) the `--backend-directory` holding `python/` and `diffusion/`."""
+    workdir = workdir or REPO_ROOT / ".triton"
+    out = workdir / "backends"
+    py = out / "python"
+    py.mkdir(parents=True, exist_ok=True)
+    source = Path(os.environ["TRITON_BACKENDS"]) / "python" if os.environ.get("TRITON_BACKENDS") else None
+    if source is None:
+        wheel = _pytriton_dir()
+        source = wheel / "backends" / "python"
+        stub = wheel / "python_backend_stubs" / f"{sys.version_info.major}.{sys.version_info.minor}" / "triton_python_backend_stub"
+    else:
+        stub = source / "triton_python_backend_stub"
+    # Real copies: Triton refuses a backend library whose resolved path leaves the directory.
+    for src in (source / "libtriton_python.so", source / "triton_python_backend_utils.py", stub):
+        _copy_if_changed(src, py / src.name)
+    (py / "triton_python_backend_stub").chmod(0o755)
+    _link(REPO_ROOT / "backends" / BACKEND_NAME, out / BACKEND_NAME)
+    return out
+
+
+def _copy_if_changed(src: Path, dst: Path) -> None:
+    if dst.is_symlink():
+        dst.unlink()
+    if not dst.exists() or dst.stat().st_size != src.stat().st_size or dst.stat().st_mtime < src.stat().st_mtime:
+        shutil.copy2(src, dst)
+
+
+def _link(src: Path, dst: Path) -> None:
+    if dst.is_symlink() and os.readlink(dst) == str(src):
+        return
+    if dst.is_symlink() or dst.exists():
+        dst.unlink()
+    dst.symlink_to(src)
+
+
+def server_env(deployment: str | None = None) -> dict[str, str]:
+    """Environment the server and its Python stubs need.
+
+    The stub takes its site-packages from the first `python3` on PATH, so the running
+    interpreter's `bin` goes first; the wheel's bundled libs and libpython go on
+    LD_LIBRARY_PATH.
+    """
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    libs = []
+    if not os.environ.get("TRITONSERVER"):
+        libs.append(str(_pytriton_dir().parent.parent / "nvidia_pytriton.libs"))
+    libs.append(sysconfig.get_config_var("LIBDIR"))
+    if env.get("LD_LIBRARY_PATH"):
+        libs.append(env["LD_LIBRARY_PATH"])
+    env["LD_LIBRARY_PATH"] = ":".join(libs)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    # The package lives in backends/; the stub ignores PYTHONPATH, but an editable install
+    # puts it on the path. Keep PYTHONPATH too for tools that honour it.
+    env["PYTHONPATH"] = f"{REPO_ROOT / 'backends'}:{env.get('PYTHONPATH', '')}".rstrip(":")
+    if deployment:
+        env["DITSERVE_DEPLOYMENT"] = str(Path(deployment).resolve())
+    return env
+
+
+@dataclass
+class ServerOptions:
+    """How to start tritonserver; ports 0 are not allowed by Triton, so callers pick free ones."""
+
+    model_repository: Path = REPO_ROOT / "model_repository"
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    host: str = "127.0.0.1"
+    deployment: str | None = None
+    log_verbose: int = 0
+    extra_args: list[str] = field(default_factory=list)
+
+
+class TritonServer:
+    """A tritonserver child process with readiness wait and clean shutdown."""
+
+    def __init__(self, options: ServerOptions, log_path: Path | None = None):
+        self.options = options
+        self.log_path = log_path
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.options.host}:{self.options.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.options.host}:{self.options.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.options.host}:{self.options.metrics_port}/metrics"
+
+    def command(self) -> list[str]:
+        o = self.options
+        return [
+            str(tritonserver_binary()),
+            f"--model-repository={o.model_repository}",
+            f"--backend-directory={backend_directory()}",
+            f"--http-address={o.host}", f"--http-port={o.http_port}",
+            f"--grpc-address={o.host}", f"--grpc-port={o.grpc_port}",
+            f"--metrics-address={o.host}", f"--metrics-port={o.metrics_port}",
+            f"--log-verbose={o.log_verbose}",
+            "--exit-timeout-secs=10",
+            *o.extra_args,
+        ]
+
+    def start(self) -> "TritonServer":
+        out = open(self.log_path, "w") if self.log_path else None
+        self.process = subprocess.Popen(
+            self.command(), env=server_env(self.options.deployment), stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        return self
+
+    def wait_ready(self, timeout_s: float = 180.0, progress: bool = False) -> None:
+        """Poll `/v2/health/ready`; fail fast with the log tail if the process dies."""
+        deadline = time.monotonic() + timeout_s
+        url = f"http://{self.http_url}/v2/health/ready"
+        while time.monotonic() < deadline:
+            if self.process and self.process.poll() is not None:
+                raise RuntimeError(f"tritonserver exited with code {self.process.returncode}\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(url, timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            if progress:
+                print(".", end="", flush=True, file=sys.stderr)
+            time.sleep(0.5)
+        raise TimeoutError(f"tritonserver not ready after {timeout_s:.0f}s\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 40) -> str:
+        if not self.log_path or not Path(self.log_path).exists():
+            return ""
+        return "\n".join(Path(self.log_path).read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGINT lets Triton unload models and reap its stubs; SIGKILL the group as a last resort."""
+        if not self.process or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGINT)
+        try:
+            self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def __enter__(self) -> "TritonServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

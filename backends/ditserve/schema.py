@@ -1,0 +1,132 @@
+"""Public request schema of the generation models and its validation.
+
+`decode_request` turns the raw input tensors of `txt2img` / `txt2img_stream` into a
+`GenerationParams`, or raises `InvalidRequest` naming the input and its allowed range.
+It runs before any model work, so a bad request costs nothing and leaves no state.
+"""
+from __future__ import annotations
+
+import json
+import math
+import secrets
+from dataclasses import asdict, dataclass
+from typing import Mapping
+
+import numpy as np
+
+from .deployment import Deployment
+
+MAX_SEED = 2**63 - 1
+
+
+class InvalidRequest(ValueError):
+    """A client error: the message says which input is wrong and what is allowed."""
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    name: str
+    dtype: str          # Triton dtype name
+    optional: bool
+
+
+# The public API of txt2img / txt2img_stream (all shapes [1] except media).
+TXT2IMG_INPUTS = (
+    InputSpec("prompt", "BYTES", False),
+    InputSpec("negative_prompt", "BYTES", True),
+    InputSpec("height", "INT32", True),
+    InputSpec("width", "INT32", True),
+    InputSpec("num_inference_steps", "INT32", True),
+    InputSpec("guidance_scale", "FP32", True),
+    InputSpec("seed", "INT64", True),
+)
+
+_NUMPY_KIND = {"BYTES": (np.object_, np.bytes_), "INT32": (np.int32,), "INT64": (np.int64,), "FP32": (np.float32,)}
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """Everything that defines one generation; identical params + seed give identical media."""
+
+    prompt: str
+    negative_prompt: str
+    height: int
+    width: int
+    num_inference_steps: int
+    guidance_scale: float
+    seed: int
+    seed_was_drawn: bool = False
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "GenerationParams":
+        return cls(**json.loads(text))
+
+    @property
+    def do_cfg(self) -> bool:
+        """Classifier-free guidance runs only above 1.0, exactly as in diffusers."""
+        return self.guidance_scale > 1.0
+
+
+def _scalar(name: str, value: np.ndarray, dtype: str):
+    if value.dtype.type not in _NUMPY_KIND[dtype]:
+        raise InvalidRequest(f"input '{name}' must be {dtype}, got {value.dtype}")
+    if value.size != 1:
+        raise InvalidRequest(f"input '{name}' must hold exactly one element (shape [1]), got shape {list(value.shape)}")
+    return value.reshape(-1)[0]
+
+
+def _text(name: str, raw, max_bytes: int, allow_empty: bool) -> str:
+    data = raw if isinstance(raw, bytes) else str(raw).encode()
+    if len(data) > max_bytes:
+        raise InvalidRequest(f"input '{name}' is {len(data)} bytes; the limit is {max_bytes} bytes")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidRequest(f"input '{name}' is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+    if not allow_empty and not text.strip():
+        raise InvalidRequest(f"input '{name}' is empty; send a non-empty UTF-8 string")
+    return text
+
+
+def _in_range(name: str, value, low, high, multiple: int | None = None):
+    if not (low <= value <= high):
+        raise InvalidRequest(f"input '{name}'={value} is out of range; allowed [{low}, {high}]")
+    if multiple and value % multiple:
+        raise InvalidRequest(f"input '{name}'={value} must be a multiple of {multiple} (allowed [{low}, {high}])")
+    return value
+
+
+def decode_request(inputs: Mapping[str, np.ndarray | None], deployment: Deployment) -> GenerationParams:
+    """Validate raw inputs against the deployment's limits and fill defaults."""
+    lim, dft = deployment.limits, deployment.defaults
+    known = {spec.name for spec in TXT2IMG_INPUTS}
+    extra = sorted(set(k for k, v in inputs.items() if v is not None) - known)
+    if extra:
+        raise InvalidRequest(f"unknown input(s) {extra}; allowed: {sorted(known)}")
+    values = {}
+    for spec in TXT2IMG_INPUTS:
+        raw = inputs.get(spec.name)
+        if raw is None:
+            if not spec.optional:
+                raise InvalidRequest(f"input '{spec.name}' ({spec.dtype}, shape [1]) is required")
+            continue
+        values[spec.name] = _scalar(spec.name, raw, spec.dtype)
+
+    prompt = _text("prompt", values["prompt"], lim.max_prompt_bytes, allow_empty=False)
+    negative = values.get("negative_prompt")
+    negative = dft.negative_prompt if negative is None else _text("negative_prompt", negative, lim.max_prompt_bytes, True)
+    size = dict(low=lim.min_size, high=lim.max_size, multiple=lim.size_multiple)
+    height = _in_range("height", int(values.get("height", dft.height)), **size)
+    width = _in_range("width", int(values.get("width", dft.width)), **size)
+    steps = _in_range("num_inference_steps", int(values.get("num_inference_steps", dft.num_inference_steps)), 1, lim.max_steps)
+    guidance = float(values.get("guidance_scale", dft.guidance_scale))
+    if not math.isfinite(guidance):
+        raise InvalidRequest(f"input 'guidance_scale'={guidance} must be a finite number in [0, {lim.max_guidance_scale}]")
+    _in_range("guidance_scale", guidance, 0.0, lim.max_guidance_scale)
+    seed_was_drawn = "seed" not in values
+    seed = secrets.randbelow(MAX_SEED) if seed_was_drawn else int(values["seed"])
+    _in_range("seed", seed, 0, MAX_SEED)
+    return GenerationParams(prompt, negative, height, width, steps, guidance, seed, seed_was_drawn)

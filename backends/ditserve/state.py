@@ -1,0 +1,60 @@
+"""Per-request state of one generation inside the step engine.
+
+Everything that differs between requests lives here, never on the shared pipeline:
+its own scheduler instance (multistep solvers keep history), its own generator,
+latents and text conditioning, all on the serving device.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .schema import GenerationParams
+
+
+@dataclass
+class TextConditioning:
+    """Prompt embeddings for one request: row 0 = negative (only with CFG), last row = prompt."""
+
+    embeds: torch.Tensor      # [1 or 2, L, D]
+    mask: torch.Tensor        # [1 or 2, L]
+
+
+@dataclass
+class RequestState:
+    key: str
+    params: GenerationParams
+    scheduler: Any                       # a diffusers SchedulerMixin, one per request
+    timesteps: torch.Tensor
+    latents: torch.Tensor                # [1, C, h, w] (image) or [1, C, f, h, w] (video)
+    cond: TextConditioning
+    generator: torch.Generator
+    step_kwargs: dict = field(default_factory=dict)
+    step_index: int = 0
+    admitted_at: float = field(default_factory=time.monotonic)
+    first_step_at: float | None = None
+    last_seen: float = field(default_factory=time.monotonic)
+
+    @property
+    def total_steps(self) -> int:
+        return len(self.timesteps)
+
+    @property
+    def done(self) -> bool:
+        return self.step_index >= self.total_steps
+
+    @property
+    def timestep(self) -> torch.Tensor:
+        return self.timesteps[self.step_index]
+
+    @property
+    def compat_key(self) -> tuple:
+        """Requests with equal keys can share one transformer forward.
+
+        Shape (latent size) and CFG on/off change tensor shapes; the timestep does not
+        (it is a per-sample tensor), nor does the step count.
+        """
+        return (tuple(self.latents.shape), self.params.do_cfg, self.latents.dtype)

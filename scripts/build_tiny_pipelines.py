@@ -1,0 +1,234 @@
+#!/usr/bin/env python
+"""Build tiny, randomly initialised diffusers pipelines for offline tests.
+
+Each pipeline uses the real diffusers/transformers classes and a config shaped
+like the real checkpoint, only shrunk, so serving code paths (loading, text
+encoding, denoising, VAE decode) run end to end in milliseconds with no hub
+access. Weights come from a fixed seed, so rebuilding gives byte-identical
+safetensors files.
+
+    python scripts/build_tiny_pipelines.py [--out models] [--only NAME] [--force]
+"""
+
+from __future__ import annotations
+
+import os
+
+# The builders and the verification reload must never reach a model hub.
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+import argparse
+import shutil
+import string
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from diffusers import (
+    AutoencoderKL,
+    DiffusionPipeline,
+    DPMSolverMultistepScheduler,
+    PixArtSigmaPipeline,
+    PixArtTransformer2DModel,
+)
+from transformers import T5Config, T5EncoderModel, T5Tokenizer
+
+SEED = 0
+
+# Whole words get their own piece so prompts tokenize to few, meaningful ids;
+# anything else falls back to single characters.
+COMMON_WORDS = """
+a an the of and in on with at by for from to is under over near
+photo picture painting portrait drawing art style digital detailed quality high
+cat dog bird horse fish man woman girl boy child people astronaut robot
+tree flower forest mountain river lake sea ocean beach sky cloud sun moon star
+house city street road car boat castle garden field snow rain water fire
+red blue green yellow orange purple pink black white gray brown golden
+small large big tiny beautiful cute old young bright dark light night day sunset
+riding sitting standing flying running wearing holding looking
+""".split()
+COMMON_SUFFIXES = ["es", "ed", "er", "est", "ing", "ly", "tion"]
+
+
+def tiny_t5_tokenizer() -> T5Tokenizer:
+    """Unigram T5 tokenizer over printable ASCII plus common words, built in memory.
+
+    Scores are log-prob-like: a whole word beats spelling it out, and a
+    word-initial piece ("▁x") beats a bare "▁" followed by the character.
+    """
+    scores = {"▁": -12.0} | {"▁" + word: -5.0 for word in COMMON_WORDS} | {s: -7.0 for s in COMMON_SUFFIXES}
+    for c in string.ascii_lowercase + string.digits + string.punctuation + string.ascii_uppercase:
+        scores.setdefault("▁" + c, -9.0)
+        scores.setdefault(c, -10.0)
+    vocab = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), *scores.items()]  # ids 0, 1, 2 as in real T5
+    return T5Tokenizer(vocab=vocab, extra_ids=0, model_max_length=300)
+
+
+def tiny_t5_encoder(vocab_size: int, d_model: int) -> T5EncoderModel:
+    """T5 v1.1-style encoder (gated-gelu, no output rescaling) like PixArt's T5-XXL."""
+    config = T5Config(
+        vocab_size=vocab_size,
+        d_model=d_model,
+        d_kv=16,
+        d_ff=64,
+        num_layers=2,
+        num_heads=2,
+        relative_attention_num_buckets=32,
+        relative_attention_max_distance=128,
+        feed_forward_proj="gated-gelu",
+        dropout_rate=0.0,
+        layer_norm_epsilon=1e-6,
+        tie_word_embeddings=False,  # v1.1 marker; transformers 5 saves it as scale_decoder_outputs=false
+        pad_token_id=0,
+        eos_token_id=1,
+        decoder_start_token_id=0,
+    )
+    torch.manual_seed(SEED)
+    return T5EncoderModel(config).eval()
+
+
+def tiny_sdxl_style_vae() -> AutoencoderKL:
+    """Four-level AutoencoderKL: 8x spatial downscale and 4 latent channels, like the SDXL VAE."""
+    torch.manual_seed(SEED)
+    return AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4,
+        block_out_channels=(8, 8, 16, 16),
+        layers_per_block=1,
+        latent_channels=4,
+        norm_num_groups=4,
+        sample_size=64,
+        scaling_factor=0.13025,
+        force_upcast=True,
+    )
+
+
+def build_tiny_pixart_sigma() -> DiffusionPipeline:
+    """PixArt-Sigma-XL-2-1024-MS shrunk: same classes, scheduler and conditioning, tiny widths."""
+    tokenizer = tiny_t5_tokenizer()
+    text_encoder = tiny_t5_encoder(vocab_size=len(tokenizer), d_model=32)
+    vae = tiny_sdxl_style_vae()
+    torch.manual_seed(SEED)
+    transformer = PixArtTransformer2DModel(
+        sample_size=8,  # latent side of a 64px image (vae scale factor 8)
+        patch_size=2,
+        in_channels=4,
+        out_channels=8,  # eps + learned sigma, as in the real checkpoint
+        num_layers=2,
+        num_attention_heads=2,
+        attention_head_dim=8,
+        cross_attention_dim=16,  # must equal heads * head_dim
+        caption_channels=text_encoder.config.d_model,
+        activation_fn="gelu-approximate",
+        attention_bias=True,
+        num_embeds_ada_norm=1000,
+        norm_type="ada_norm_single",
+        norm_elementwise_affine=False,
+        norm_eps=1e-6,
+        interpolation_scale=2,
+        use_additional_conditions=False,
+        dropout=0.0,
+    ).eval()
+    # The real scheduler_config.json is DPMSolverMultistepScheduler's defaults;
+    # spelled out so a change of diffusers defaults cannot drift it.
+    scheduler = DPMSolverMultistepScheduler(
+        num_train_timesteps=1000,
+        beta_start=0.0001,
+        beta_end=0.02,
+        beta_schedule="linear",
+        algorithm_type="dpmsolver++",
+        solver_order=2,
+        solver_type="midpoint",
+        prediction_type="epsilon",
+        lower_order_final=True,
+        timestep_spacing="linspace",
+        steps_offset=0,
+    )
+    return PixArtSigmaPipeline(
+        tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, transformer=transformer, scheduler=scheduler
+    )
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    """How to build one tiny pipeline and the cheap call that proves it works."""
+
+    build: Callable[[], DiffusionPipeline]
+    smoke_kwargs: dict[str, Any]
+
+
+PIPELINES: dict[str, TinySpec] = {
+    "tiny-pixart-sigma": TinySpec(
+        build=build_tiny_pixart_sigma,
+        smoke_kwargs=dict(
+            prompt="a photo of a cat",
+            height=64,
+            width=64,
+            num_inference_steps=2,
+            use_resolution_binning=False,  # binning only knows the real 256-2048px sample sizes
+            clean_caption=False,
+        ),
+    ),
+}
+
+
+def dir_size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def verify(path: Path, spec: TinySpec) -> None:
+    """Reload from disk (as a server would) and run a short denoise; raise if output is NaN or constant."""
+    pipe = DiffusionPipeline.from_pretrained(path)
+    out = pipe(**spec.smoke_kwargs, output_type="np", generator=torch.Generator().manual_seed(SEED))[0]
+    out = np.asarray(out)
+    if not np.isfinite(out).all():
+        raise RuntimeError(f"{path}: smoke run produced non-finite values")
+    if out.std() < 1e-4:
+        raise RuntimeError(f"{path}: smoke run produced a constant output (std={out.std():.2e})")
+    print(f"  verified: {type(pipe).__name__} output {out.shape}, mean {out.mean():.3f}, std {out.std():.3f}")
+
+
+def build_one(name: str, spec: TinySpec, out_dir: Path, force: bool) -> None:
+    """Save into a temp dir, verify, then move into place so a failed build never looks finished."""
+    target = out_dir / name
+    if target.exists() and not force:
+        print(f"{name}: exists at {target}, skipping (use --force to rebuild)")
+        return
+    tmp = out_dir / f".{name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    print(f"{name}: building")
+    start = time.perf_counter()
+    spec.build().save_pretrained(tmp, safe_serialization=True)
+    built_s = time.perf_counter() - start
+    verify(tmp, spec)
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)
+    print(f"{name}: wrote {target} ({dir_size(target) / 1024:.1f} KiB) built in {built_s:.2f}s, "
+          f"total {time.perf_counter() - start:.2f}s")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("models"), help="output directory (default: models)")
+    parser.add_argument("--only", choices=sorted(PIPELINES), action="append", help="build only this pipeline")
+    parser.add_argument("--force", action="store_true", help="rebuild pipelines that already exist")
+    args = parser.parse_args()
+
+    for name in args.only or PIPELINES:
+        try:
+            build_one(name, PIPELINES[name], args.out, args.force)
+        except Exception as exc:  # one clear line per failure, not a bare traceback
+            print(f"error: building {name} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
