@@ -1,0 +1,69 @@
+"""Fixtures: one real tritonserver per test session, on free ports, default deployment."""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "backends"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from ditserve.launcher import ServerOptions, TritonServer  # noqa: E402
+
+TINY_PIXART = ROOT / "models" / "tiny-pixart-sigma"
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def start_server(tmp_dir: Path, name: str, **options) -> TritonServer:
+    http, grpc, metrics = free_ports(3)
+    server = TritonServer(ServerOptions(http_port=http, grpc_port=grpc, metrics_port=metrics, **options),
+                          log_path=tmp_dir / f"{name}.log")
+    server.start()
+    try:
+        server.wait_ready(timeout_s=300)
+    except Exception:
+        server.stop()
+        raise
+    return server
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory):
+    if not TINY_PIXART.exists():
+        pytest.fail(f"{TINY_PIXART} is missing: run `bash scripts/setup.sh` (it builds the tiny pipelines)")
+    srv = start_server(tmp_path_factory.mktemp("triton"), "server")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def diffusers_pixart():
+    """The oracle: plain diffusers PixArtSigmaPipeline on the same tiny checkpoint."""
+    from diffusers import PixArtSigmaPipeline
+
+    return PixArtSigmaPipeline.from_pretrained(str(TINY_PIXART))
+
+
+def diffusers_image(pipe, prompt: str, seed: int, steps: int, guidance: float, height: int = 64, width: int = 64,
+                    negative_prompt: str = "") -> np.ndarray:
+    """uint8 [H, W, 3] from diffusers, rounded the way its PIL output is."""
+    import torch
+
+    images = pipe(prompt, negative_prompt=negative_prompt, height=height, width=width, num_inference_steps=steps,
+                  guidance_scale=guidance, generator=torch.Generator("cpu").manual_seed(seed),
+                  use_resolution_binning=False, clean_caption=False, output_type="np").images
+    return (images[0] * 255).round().astype(np.uint8)
