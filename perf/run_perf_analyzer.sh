@@ -7,11 +7,12 @@
 #                       neither is set, start our own tritonserver and stop it at the end)
 #   --stream            measure `txt2img_stream` with `--streaming` (default: `txt2img`, unary)
 #   --concurrency A:B   perf_analyzer --concurrency-range (default 1:4)
-#   --interval MS       measurement window in ms (default 5000)
+#   --interval MS       measurement window in ms, stabilised mode only (default 5000)
 #   --baseline-runs N   serial raw-diffusers runs (default 20; 0 skips the baseline)
 #   --out FILE          result file (default perf/results/<date>-<dev>-<model>-perf_analyzer.md)
-# Env equivalents: TRITON_GRPC_URL, PA_STREAM=1, PA_CONCURRENCY, PA_INTERVAL_MS,
-# PA_STABILITY (percent, default 25), PA_MAX_TRIALS (default 6), BASELINE_RUNS,
+# Env equivalents: TRITON_GRPC_URL, PA_STREAM=1, PA_CONCURRENCY, PA_INTERVAL_MS, BASELINE_RUNS,
+# PA_REQUESTS_PER_STREAM (requests per concurrent stream and level, default 8; 0 = one
+# stabilised sweep instead), PA_STABILITY (percent, default 25), PA_MAX_TRIALS (default 6),
 # DITSERVE_DEPLOYMENT (deployment of the server we start), PERF_ANALYZER (binary),
 # PYTHON (default .venv/bin/python).
 #
@@ -43,7 +44,7 @@ while [[ $# -gt 0 ]]; do
         --interval) INTERVAL_MS="$2"; shift 2 ;;
         --baseline-runs) BASELINE_RUNS="$2"; shift 2 ;;
         --out) OUT="$2"; shift 2 ;;
-        -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
         *) echo "unknown option: $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -85,6 +86,9 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
+
+# What else runs on this host (a shared machine makes absolute numbers meaningless).
+{ echo "load average: $(cat /proc/loadavg)"; ps -eo pid,pcpu,etime,comm --sort=-pcpu | head -n 8; } >"$WORK/host_before.txt" 2>&1 || true
 
 # ---- 1. raw diffusers baseline (same request as the first entry of the input data) ------
 BASELINE_JSON="$WORK/baseline.json"
@@ -133,17 +137,45 @@ log "warm-up: $((2 * WARM_N)) requests at concurrency $WARM_N"
     || { cat "$WORK/warmup.txt" >&2; die "warm-up failed"; }
 
 # ---- 4. the measurement --------------------------------------------------------------------
+# Default: one perf_analyzer call per concurrency level with a fixed --request-count
+# (PA_REQUESTS_PER_STREAM x concurrency), so the run always finishes in bounded time even on a
+# noisy shared host (2.48 refuses --request-count with a concurrency range, and a stabilised
+# sweep aborts the whole run when one level never stabilises). PA_REQUESTS_PER_STREAM=0 runs a
+# single stabilised sweep instead (time windows of --interval ms, PA_STABILITY %, PA_MAX_TRIALS).
+PER_STREAM="${PA_REQUESTS_PER_STREAM:-8}"
 CSV="$WORK/$MODEL.csv"
-PA_CMD=("$PA" -m "$MODEL" -i grpc -u "$URL" "${STREAM_FLAGS[@]}" --input-data "$INPUT_DATA"
-    --concurrency-range "$CONCURRENCY" --measurement-mode time_windows --measurement-interval "$INTERVAL_MS"
-    --stability-percentage "$STABILITY" --max-trials "$MAX_TRIALS" --percentile 50 -f "$CSV")
-printf '%q ' "${PA_CMD[@]}" | sed "s|$REPO_ROOT/||g; s|$WORK/|\$SCRATCH/|g; s/ $//" >"$WORK/pa.cmd"
-log "running: ${PA_CMD[*]}"
+# No --bls-composing-models: naming the iterative-sequence `dit` there makes perf_analyzer
+# 2.48 treat txt2img as a sequence model (async calls, sequence IDs). Per-stage numbers come
+# from the server's statistics instead (below). --verbose-csv adds the "Avg latency" column.
+COMMON=(-m "$MODEL" -i grpc -u "$URL" "${STREAM_FLAGS[@]}" --input-data "$INPUT_DATA" --verbose-csv)
+IFS=: read -r C_START C_END C_STEP <<<"$CONCURRENCY"
+C_END="${C_END:-$C_START}"; C_STEP="${C_STEP:-1}"
+: >"$WORK/pa.txt"; : >"$WORK/pa.cmd"; PA_RC=0
+show_cmd() { printf '%q ' "$@" | sed "s|$REPO_ROOT/||g; s|$WORK/|\$SCRATCH/|g; s/ $//"; echo; }
 T0=$(date +%s)
-set +e
-"${PA_CMD[@]}" 2>&1 | tee "$WORK/pa.txt" >&2
-PA_RC=${PIPESTATUS[0]}
-set -e
+if [[ "$PER_STREAM" -gt 0 ]]; then
+    for c in $(seq "$C_START" "$C_STEP" "$C_END"); do
+        cmd=("$PA" "${COMMON[@]}" --concurrency-range "$c" --request-count "$((PER_STREAM * c))" -f "$WORK/c$c.csv")
+        show_cmd "${cmd[@]}" >>"$WORK/pa.cmd"
+        log "concurrency $c: $((PER_STREAM * c)) requests"
+        set +e
+        "${cmd[@]}" 2>&1 | tee -a "$WORK/pa.txt" >&2
+        rc=${PIPESTATUS[0]}
+        set -e
+        if [[ $rc -ne 0 ]]; then PA_RC=$rc; log "perf_analyzer failed at concurrency $c (exit $rc)"; break; fi
+        if [[ ! -s "$CSV" ]]; then cp "$WORK/c$c.csv" "$CSV"; else tail -n +2 "$WORK/c$c.csv" >>"$CSV"; fi
+    done
+else
+    cmd=("$PA" "${COMMON[@]}" --concurrency-range "$CONCURRENCY" --measurement-mode time_windows
+        --measurement-interval "$INTERVAL_MS" --stability-percentage "$STABILITY" --max-trials "$MAX_TRIALS"
+        -f "$CSV")
+    show_cmd "${cmd[@]}" >>"$WORK/pa.cmd"
+    log "stabilised sweep over concurrency $CONCURRENCY"
+    set +e
+    "${cmd[@]}" 2>&1 | tee "$WORK/pa.txt" >&2
+    PA_RC=${PIPESTATUS[0]}
+    set -e
+fi
 PA_WALL=$(( $(date +%s) - T0 ))
 log "perf_analyzer exit code $PA_RC after ${PA_WALL}s"
 
@@ -154,6 +186,22 @@ import tritonclient.grpc as g
 c = g.InferenceServerClient(sys.argv[1])
 m = c.get_server_metadata()
 print(f"{m.name} {m.version}")
+EOF
+# Cumulative server-side statistics of every model (warm-up included): for `dit`,
+# inference count / execution count is the average step batch size.
+"$PY" - "$URL" >"$WORK/server_stats.txt" 2>&1 <<'EOF' || true
+import sys
+import tritonclient.grpc as g
+c = g.InferenceServerClient(sys.argv[1])
+print(f"{'model':<16}{'inferences':>11}{'executions':>11}{'avg batch':>10}{'success':>9}{'fail':>6}{'queue ms':>10}{'infer ms':>10}")
+for m in c.get_inference_statistics(as_json=True).get("model_stats", []):
+    s = m.get("inference_stats", {})
+    def avg(k):
+        d = s.get(k, {}); n = int(d.get("count", 0))
+        return int(d.get("ns", 0)) / n / 1e6 if n else 0.0
+    inf, ex = int(m.get("inference_count", 0)), int(m.get("execution_count", 0))
+    ok, bad = int(s.get("success", {}).get("count", 0)), int(s.get("fail", {}).get("count", 0))
+    print(f"{m['name']:<16}{inf:>11}{ex:>11}{(inf / ex if ex else 0):>10.2f}{ok:>9}{bad:>6}{avg('queue'):>10.2f}{avg('compute_infer'):>10.2f}")
 EOF
 if [[ -n "$SERVER_PID" ]]; then
     T1=$(date +%s)
@@ -207,19 +255,28 @@ cpu_only_noise = [l for l in log_lines if harmless.search(l)]
 shutdown = [l for l in log_lines if re.search(r"Timeout \d+: Found|unloaded|Exit timeout|failed to stop", l)]
 
 def us_to_ms(v):
-    return float(v) / 1000.0
+    return float(v) / 1000.0 if v not in (None, "") else float("nan")
+
+PARTS = ("Client Send", "Network+Server Send/Recv", "Server Queue", "Server Compute Input",
+         "Server Compute Infer", "Server Compute Output", "Client Recv")
+
+def avg_us(r):
+    """perf_analyzer's average latency; without --verbose-csv, the sum of its breakdown."""
+    if r.get("Avg latency"):
+        return r["Avg latency"]
+    return sum(float(r[k]) for k in PARTS if r.get(k))
 
 table = []
 for r in rows:
     table.append(
-        f"| {r['Concurrency']} | {float(r['Inferences/Second']):.2f} | {us_to_ms(r['Avg latency']):.1f} | "
+        f"| {r['Concurrency']} | {float(r['Inferences/Second']):.2f} | {us_to_ms(avg_us(r)):.1f} | "
         f"{us_to_ms(r['p50 latency']):.1f} | {us_to_ms(r['p90 latency']):.1f} | {us_to_ms(r['p99 latency']):.1f} | "
         f"{us_to_ms(r['Server Queue']):.1f} | {us_to_ms(r['Server Compute Infer']):.1f} |")
 
 ratio_lines = []
 c1 = next((r for r in rows if r["Concurrency"] == "1"), None)
 if c1 and base.get("mean_ms"):
-    avg, p50 = us_to_ms(c1["Avg latency"]), us_to_ms(c1["p50 latency"])
+    avg, p50 = us_to_ms(avg_us(c1)), us_to_ms(c1["p50 latency"])
     ratio_lines = [
         f"- served avg latency at concurrency 1: **{avg:.1f} ms**; raw diffusers mean: **{base['mean_ms']:.1f} ms** "
         f"-> served/raw = **{avg / base['mean_ms']:.2f}x**",
@@ -247,9 +304,11 @@ read only the ratios (served vs raw diffusers on the same machine, and across co
 {fence(invocation, 'bash')}
 perf_analyzer exit code: {pa_rc}; sweep wall time: {pa_wall} s. Server: {server_stop}.
 
-perf_analyzer command (the `-f` CSV was written to a scratch dir and is copied below):
+perf_analyzer command(s), one per concurrency level with a fixed request count unless a
+stabilised sweep was asked for (`$SCRATCH` is a temporary dir; the CSVs are merged below):
 {fence(read('pa.cmd').strip(), 'bash')}
-Warm-up before it (not recorded): the same command shape with `--concurrency-range N --request-count 2N`.
+Warm-up before them (not recorded): the same model and data, `--concurrency-range N --request-count 2N`
+with N the highest concurrency.
 
 Raw baseline command:
 {fence(read('baseline.cmd').strip(), 'bash')}
@@ -257,6 +316,8 @@ Raw baseline command:
 ## Machine
 - `uname -a`: {sh('uname -a')}
 - nproc: {sh('nproc')}; CPU: {cpu}; GPU: {gpu}
+- host activity before the run (this is a shared machine; other processes compete for the 2 cores):
+{fence(read('host_before.txt').strip())}
 - load average at write-up: {sh('cat /proc/loadavg')}
 - Python {platform.python_version()} ({sys.executable}); {versions}
 - server: {read('server_meta.txt').strip() or 'unknown'}; perf_analyzer: {sh(f'{pa_bin} --version 2>&1 | head -n1')} ({pa_bin.replace(root + '/', '')})
@@ -267,6 +328,11 @@ Raw baseline command:
 | concurrency | infer/s | avg latency | p50 | p90 | p99 | server queue | server compute infer |
 |---|---|---|---|---|---|---|---|
 {chr(10).join(table) if table else '| (no CSV rows) | | | | | | | |'}
+
+Server-side statistics of every model, cumulative over warm-up and all levels (for `dit`,
+inferences / executions = average number of generations per denoise step; `queue`/`infer` are
+per-request averages as Triton counts them, so for the decoupled `dit` they are per step):
+{fence(read('server_stats.txt').strip() or '(unavailable)')}
 
 ## Served vs raw diffusers
 Raw: `diffusers.PixArtSigmaPipeline` from `models/tiny-pixart-sigma`, same prompt/seed/shape/steps/guidance

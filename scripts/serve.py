@@ -34,11 +34,16 @@ def main(argv: list[str] | None = None) -> int:
     stopping = False
 
     def stop(signum, frame):
+        # Only signal here: the main thread is inside process.wait() and reaps the server.
         nonlocal stopping
-        if not stopping:
-            stopping = True
-            print("\n[serve] stopping tritonserver (unloading models)...", file=sys.stderr, flush=True)
-            server.stop()
+        if stopping:
+            print("\n[serve] second interrupt: killing tritonserver and its stubs", file=sys.stderr, flush=True)
+            server.kill()
+            return
+        stopping = True
+        print("\n[serve] stopping tritonserver (unloading models; Ctrl-C again to kill)...", file=sys.stderr,
+              flush=True)
+        server.request_stop()
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
@@ -46,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server.wait_ready(timeout_s=600, progress=args.log_file is not None)
     except (RuntimeError, TimeoutError) as exc:
+        if stopping:  # interrupted while loading: a clean stop, not a failure
+            return 0 if server.process.wait() == 0 else 1
         print(f"[serve] tritonserver failed to start: {exc}", file=sys.stderr)
         server.stop()
         return 1

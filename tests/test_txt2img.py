@@ -76,6 +76,7 @@ def test_unary_model_answers_a_grpc_stream_with_one_response(server):
     client.async_stream_infer("txt2img", inputs)
     result, error = responses.get(timeout=120)
     client.stop_stream()
+    client.close()
     assert error is None and result.as_numpy("image").shape == (64, 64, 3)
     assert responses.empty()
 
@@ -104,19 +105,19 @@ def test_bad_input_is_rejected_and_the_server_stays_healthy(server, field, value
             client.generate(request, timeout_s=60)
         for word in words:
             assert word in err.value.message()
-    health = httpclient.InferenceServerClient(server.http_url)
-    assert health.is_server_ready()
+    with httpclient.InferenceServerClient(server.http_url) as health:
+        assert health.is_server_ready()
     with DitClient(server.grpc_url, "grpc") as client:
         assert client.generate(GenerationRequest("a cat", seed=1, num_inference_steps=2)).image.shape == (64, 64, 3)
 
 
 def test_wrong_dtype_is_rejected_by_name(server):
-    client = httpclient.InferenceServerClient(server.http_url)
     prompt = httpclient.InferInput("prompt", [1], "BYTES")
     prompt.set_data_from_numpy(np.array([b"a cat"], dtype=np.object_))
     steps = httpclient.InferInput("num_inference_steps", [1], "FP32")
     steps.set_data_from_numpy(np.array([2.0], dtype=np.float32))
-    with pytest.raises(InferenceServerException, match="num_inference_steps"):
+    with httpclient.InferenceServerClient(server.http_url) as client, \
+            pytest.raises(InferenceServerException, match="num_inference_steps"):
         client.infer("txt2img", [prompt, steps])
 
 

@@ -7,9 +7,13 @@ stage reads `DITSERVE_DEPLOYMENT` (set by `scripts/serve.py`) or falls back to t
 from __future__ import annotations
 
 import os
-import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10 (the Triton 24.10 container)
+    import tomli as tomllib
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_DEPLOYMENT = "configs/tiny-pixart-sigma.toml"
@@ -48,6 +52,9 @@ class Limits:
 class EngineSection:
     mode: str = "step"
     capacity: int = 1
+    # A state whose request has not come back for this long is released (its request
+    # was lost, e.g. cancelled while queued for rescheduling).
+    gc_idle_seconds: float = 300.0
 
 
 @dataclass(frozen=True)
@@ -93,6 +100,8 @@ def load_deployment(path: str | os.PathLike | None = None) -> Deployment:
     )
     if dep.engine.mode not in ENGINE_MODES:
         raise ValueError(f"deployment [engine] mode={dep.engine.mode!r}; allowed: {ENGINE_MODES}")
+    if dep.engine.mode == "serial" and dep.engine.capacity != 1:
+        raise ValueError(f"deployment [engine] mode=\"serial\" needs capacity = 1, got {dep.engine.capacity}")
     if dep.engine.capacity < 1:
         raise ValueError(f"deployment [engine] capacity={dep.engine.capacity}; must be >= 1")
     return dep

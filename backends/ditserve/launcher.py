@@ -141,7 +141,7 @@ class TritonServer:
             f"--grpc-address={o.host}", f"--grpc-port={o.grpc_port}",
             f"--metrics-address={o.host}", f"--metrics-port={o.metrics_port}",
             f"--log-verbose={o.log_verbose}",
-            "--exit-timeout-secs=10",
+            "--exit-timeout-secs=60",  # unloading stubs takes seconds on a busy 2-core host
             *o.extra_args,
         ]
 
@@ -176,15 +176,25 @@ class TritonServer:
             return ""
         return "\n".join(Path(self.log_path).read_text(errors="replace").splitlines()[-lines:])
 
-    def stop(self, timeout_s: float = 30.0) -> None:
+    def request_stop(self) -> None:
+        """Ask Triton to unload its models and exit; safe inside a signal handler (never waits)."""
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+
+    def kill(self) -> None:
+        """Last resort: SIGKILL the server's whole process group, stubs included."""
+        if self.process and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+
+    def stop(self, timeout_s: float = 90.0) -> None:
         """SIGINT lets Triton unload models and reap its stubs; SIGKILL the group as a last resort."""
         if not self.process or self.process.poll() is not None:
             return
-        self.process.send_signal(signal.SIGINT)
+        self.request_stop()
         try:
             self.process.wait(timeout_s)
         except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
+            self.kill()
             self.process.wait()
 
     def __enter__(self) -> "TritonServer":

@@ -7,18 +7,25 @@ response, finishes the ones that are done (final response with CPU latents) and
 reschedules the rest, so requests join and leave at step boundaries.
 `serial` / `request_batch` modes run the batch start to end in one `execute` instead:
 they are the controls that step batching is measured against.
+
+Every request ends with exactly one final response: its latents, or an error
+(cancelled, bad state, failed step). Its state is released in the same place.
 """
 from __future__ import annotations
+
+import time
 
 import torch
 import triton_python_backend_utils as pb_utils
 
 from ..adapters import adapter_for
+from ..cancellation import CancelRegistry
 from ..deployment import load_deployment
 from ..engine import StepEngine
 from ..schema import GenerationParams
 from ..state import TextConditioning
 from .common import TensorSpec, declare, input_numpy, to_pb, to_torch
+from .metrics import DitMetrics
 
 INPUTS = (
     TensorSpec("embeds", "TYPE_FP32", (-1, -1, -1)),
@@ -27,12 +34,12 @@ INPUTS = (
 )
 OUTPUTS = (TensorSpec("progress", "TYPE_INT32", (2,)), TensorSpec("latents", "TYPE_FP32", (-1, -1, -1)))
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+CANCELLED = "cancelled by the client"
 
 
 def request_key(request) -> str:
-    """The sequence batcher's correlation ID identifies a generation across reschedules."""
-    corr = request.correlation_id()
-    return str(corr) if corr not in (0, "") else f"id:{request.request_id()}"
+    """The generation's identity across reschedules: the BLS request id the public model sets."""
+    return request.request_id() or f"corr-{request.correlation_id()}"
 
 
 class DitStage:
@@ -51,22 +58,19 @@ class DitStage:
             )
         adapter = adapter_for(self.deployment.model.family)(self.deployment, "dit")
         self.engine = StepEngine(adapter)
-        self.logger = pb_utils.Logger
+        self.cancels = CancelRegistry()
+        self.metrics = DitMetrics(args["model_name"])
 
     def execute(self, requests):
-        active = []
-        for request in requests:
-            key = request_key(request)
-            if request.is_cancelled():
-                self._end(request, key, error="cancelled by the client")
-                continue
+        active = [(request_key(r), r) for r in requests]
+        active = [(k, r) for k, r in active if not self._ended_by_client(r, k)]
+        for key, request in list(active):
             if key not in self.engine:
                 try:
                     self._admit(request, key)
                 except Exception as exc:
-                    self._end(request, key, error=f"dit could not start the request: {exc}")
-                    continue
-            active.append((key, request))
+                    self._end(request, key, f"dit could not start the request: {exc}")
+                    active.remove((key, request))
         if self.deployment.engine.mode == "step":
             self._step(active)
             for key, request in active:
@@ -75,7 +79,8 @@ class DitStage:
         else:
             while active:
                 self._step(active)
-                active = [(k, r) for k, r in active if k in self.engine and not self._cancelled(r, k)]
+                active = [(k, r) for k, r in active if k in self.engine and not self._ended_by_client(r, k)]
+        self._collect_garbage({key for key, _ in active})
         return None
 
     def _admit(self, request, key: str) -> None:
@@ -86,35 +91,57 @@ class DitStage:
 
     def _step(self, active: list) -> None:
         """One denoise step for every active request; finished ones get their final response."""
+        if not active:
+            return
         try:
-            self.engine.step([key for key, _ in active])
+            report = self.engine.step([key for key, _ in active])
         except Exception as exc:
             for key, request in active:
-                self._end(request, key, error=f"dit denoise step failed: {exc}")
+                self._end(request, key, f"dit denoise step failed: {exc}")
+            active.clear()
             return
+        for size in report.batch_sizes:
+            self.metrics.step_batch.observe(size)
+        self.metrics.step_seconds.observe(report.seconds)
+        self.metrics.active.set(len(active))
         for key, request in active:
             state = self.engine.table[key]
             progress = to_pb("progress", torch.tensor([[state.step_index, state.total_steps]], dtype=torch.int32))
             sender = request.get_response_sender()
             if state.done:
                 latents = to_pb("latents", state.latents.float().cpu())
-                self.engine.release(key)
+                self._release(key)
                 sender.send(pb_utils.InferenceResponse([progress, latents]), flags=FINAL)
             else:
                 sender.send(pb_utils.InferenceResponse([progress]))
+        self.metrics.state_table.set(len(self.engine))
 
-    def _cancelled(self, request, key: str) -> bool:
-        if request.is_cancelled():
-            self._end(request, key, error="cancelled by the client")
+    def _ended_by_client(self, request, key: str) -> bool:
+        """Cancelled directly (client of dit) or through the public model's flag."""
+        if request.is_cancelled() or self.cancels.is_cancelled(key):
+            self._end(request, key, CANCELLED)
             return True
         return False
 
     def _end(self, request, key: str, error: str) -> None:
-        """The one terminal response of a request that did not finish; frees its state."""
+        """The one terminal response of a request that did not finish."""
+        self._release(key)
+        request.get_response_sender().send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error)),
+                                           flags=FINAL)
+
+    def _release(self, key: str) -> None:
         self.engine.release(key)
-        request.get_response_sender().send(
-            pb_utils.InferenceResponse(error=pb_utils.TritonError(error)), flags=FINAL
-        )
+        self.cancels.clear(key)
+        self.metrics.state_table.set(len(self.engine))
+
+    def _collect_garbage(self, live: set[str]) -> None:
+        idle = self.deployment.engine.gc_idle_seconds
+        for key in self.engine.collect_garbage(live, idle):
+            self.cancels.clear(key)
+            self.metrics.garbage.increment(1)
+        self.cancels.collect_garbage(idle)
+        self.metrics.state_table.set(len(self.engine))
 
     def finalize(self) -> None:
         self.engine.table.clear()
+        self.cancels.remove_all()

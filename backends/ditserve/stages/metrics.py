@@ -1,0 +1,61 @@
+"""Prometheus metrics on Triton's `/metrics` endpoint (port 8002), via pb_utils.MetricFamily.
+
+Names start with `ditserve_`; every series carries the `model` label. Families are
+created once per stub process and shared by name across instances.
+"""
+from __future__ import annotations
+
+import triton_python_backend_utils as pb_utils
+
+SECONDS_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300]
+BATCH_BUCKETS = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]
+_families: dict[str, object] = {}
+
+
+def _family(name: str, help_text: str, kind):
+    if name not in _families:
+        _families[name] = pb_utils.MetricFamily(name=name, description=help_text, kind=kind)
+    return _families[name]
+
+
+def counter(name: str, help_text: str, model: str):
+    return _family(name, help_text, pb_utils.MetricFamily.COUNTER).Metric(labels={"model": model})
+
+
+def gauge(name: str, help_text: str, model: str):
+    return _family(name, help_text, pb_utils.MetricFamily.GAUGE).Metric(labels={"model": model})
+
+
+def histogram(name: str, help_text: str, model: str, buckets: list[float]):
+    return _family(name, help_text, pb_utils.MetricFamily.HISTOGRAM).Metric(labels={"model": model}, buckets=buckets)
+
+
+class DitMetrics:
+    """What the step engine exposes: table size, active generations, step batch sizes."""
+
+    def __init__(self, model: str):
+        self.state_table = gauge("ditserve_state_table_size", "Generations holding state in the dit engine", model)
+        self.active = gauge("ditserve_active_generations", "Generations stepped in the last dit execute", model)
+        self.step_batch = histogram("ditserve_step_batch_size", "Requests per transformer forward", model,
+                                    BATCH_BUCKETS)
+        self.step_seconds = histogram("ditserve_step_duration_seconds", "Wall time of one dit step (all groups)",
+                                      model, SECONDS_BUCKETS)
+        self.garbage = counter("ditserve_state_garbage_collected_total",
+                               "States released because their request never came back", model)
+
+
+class GenerateMetrics:
+    """Per public model: outcomes, queue wait before the first step, per-stage durations."""
+
+    def __init__(self, model: str):
+        self.completed = counter("ditserve_requests_completed_total", "Generations that returned media", model)
+        self.cancelled = counter("ditserve_requests_cancelled_total", "Generations cancelled by the client", model)
+        self.failed = counter("ditserve_requests_failed_total", "Generations rejected or failed", model)
+        self.first_step = histogram("ditserve_time_to_first_step_seconds",
+                                    "Arrival to first completed denoise step (queue wait + encode)", model,
+                                    SECONDS_BUCKETS)
+        self.stage = {
+            stage: histogram(f"ditserve_{stage}_duration_seconds", f"Wall time of the {stage} stage per request",
+                             model, SECONDS_BUCKETS)
+            for stage in ("encode", "denoise", "decode")
+        }

@@ -1,0 +1,71 @@
+"""`scripts/serve.py` runs in the foreground and Ctrl-C (SIGINT) stops it cleanly:
+no orphaned Python stubs, no leftover /dev/shm regions."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from conftest import ROOT, free_ports
+
+
+def _children(pid: int) -> set[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return {int(p) for p in out.split()}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+def _shm_mapped_by(pids: set[int]) -> set[str]:
+    """The /dev/shm files these processes map (this server's regions, not another test's)."""
+    names = set()
+    for pid in pids:
+        for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+            if "/dev/shm/" in line:
+                names.add(line.split("/dev/shm/", 1)[1].split(" ")[0])
+    return names
+
+
+def test_serve_runs_until_ctrl_c_and_leaves_nothing_behind(tmp_path):
+    http, grpc, metrics = free_ports(3)
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "scripts" / "serve.py"), "--http-port", str(http), "--grpc-port", str(grpc),
+         "--metrics-port", str(metrics), "--log-file", str(tmp_path / "serve.log")],
+        stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert proc.poll() is None, proc.stderr.read()
+            try:
+                if urllib.request.urlopen(f"http://127.0.0.1:{http}/v2/health/ready", timeout=2).status == 200:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "server did not become ready"
+            time.sleep(0.5)
+        (server_pid,) = _children(proc.pid)
+        stubs = _children(server_pid)
+        assert len(stubs) >= 5, "expected one Python stub per model instance"
+        regions = _shm_mapped_by({server_pid, *stubs})
+        assert regions, "the Python backend should hold shared-memory regions"
+
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=90) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "stopping tritonserver" in proc.stderr.read()
+    assert not _alive(server_pid)
+    assert not [pid for pid in stubs if _alive(pid)], "Python stubs outlived the server"
+    assert not regions & set(os.listdir("/dev/shm")), "shared-memory regions leaked"
