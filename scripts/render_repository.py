@@ -3,8 +3,8 @@
 
 Triton reads batching policy from config.pbtxt, which cannot read our TOML, so the
 deployment's [engine] capacity is written into `dit` (max_batch_size and
-max_candidate_sequences) and into the instance count of the unary public models (a
-non-decoupled instance serves one generation at a time). The committed repository is
+max_candidate_sequences) and into the instance count of the public models (an instance
+serves one generation at a time). The committed repository is
 the render of the default deployment; a test keeps them equal.
 
     python scripts/render_repository.py --deployment configs/pixart-sigma-1024.toml --out /tmp/repo
@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "backends"))
 from ditserve.deployment import load_deployment  # noqa: E402
 
-UNARY_PUBLIC_MODELS = ("txt2img",)
+# Public models run one generation per instance at a time (see stages/generate.py).
+PUBLIC_MODELS = ("txt2img", "txt2img_stream")
 
 
 def render(template: Path, out: Path, capacity: int) -> None:
@@ -32,7 +33,7 @@ def render(template: Path, out: Path, capacity: int) -> None:
     text = re.sub(r"^max_batch_size: \d+", f"max_batch_size: {capacity}", dit.read_text(), flags=re.M)
     text = re.sub(r"max_candidate_sequences: \d+", f"max_candidate_sequences: {capacity}", text)
     dit.write_text(text)
-    for model in UNARY_PUBLIC_MODELS:
+    for model in PUBLIC_MODELS:
         config = out / model / "config.pbtxt"
         config.write_text(re.sub(r"count: \d+", f"count: {capacity}", config.read_text()))
 

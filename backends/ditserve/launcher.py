@@ -88,6 +88,9 @@ def server_env(deployment: str | None = None) -> dict[str, str]:
         libs.append(env["LD_LIBRARY_PATH"])
     env["LD_LIBRARY_PATH"] = ":".join(libs)
     env.setdefault("HF_HUB_OFFLINE", "1")
+    # Every model instance is its own stub process; torch's default of one thread per core
+    # in each of them oversubscribes a CPU host and collapses throughput (perf/results).
+    env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("PYTHONUNBUFFERED", "1")
     # The package lives in backends/; the stub ignores PYTHONPATH, but an editable install
     # puts it on the path. Keep PYTHONPATH too for tools that honour it.

@@ -63,5 +63,5 @@ def input_numpy(request, name: str) -> np.ndarray | None:
     return None if tensor is None else tensor.as_numpy()
 
 
-def error_response(message: str):
-    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
+def error_response(message: str, code=pb_utils.TritonError.INTERNAL):
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))

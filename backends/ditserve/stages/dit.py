@@ -8,13 +8,14 @@ reschedules the rest, so requests join and leave at step boundaries.
 `serial` / `request_batch` modes run the batch start to end in one `execute` instead:
 they are the controls that step batching is measured against.
 
-Every request ends with exactly one final response: its latents, or an error
+Every request ends with exactly one final response: its latents, or an `error` output
 (cancelled, bad state, failed step). Its state is released in the same place.
 """
 from __future__ import annotations
 
 import time
 
+import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
@@ -32,7 +33,14 @@ INPUTS = (
     TensorSpec("mask", "TYPE_INT64", (-1, -1)),
     TensorSpec("params", "TYPE_STRING", (1,)),
 )
-OUTPUTS = (TensorSpec("progress", "TYPE_INT32", (2,)), TensorSpec("latents", "TYPE_FP32", (-1, -1, -1)))
+# A request that cannot finish ends with an `error` output, not an error response:
+# Triton 2.51 loses error responses of a decoupled model on the BLS path (the caller
+# would wait forever), while data responses arrive.
+OUTPUTS = (
+    TensorSpec("progress", "TYPE_INT32", (2,)),
+    TensorSpec("latents", "TYPE_FP32", (-1, -1, -1)),
+    TensorSpec("error", "TYPE_STRING", (1,)),
+)
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 CANCELLED = "cancelled by the client"
 
@@ -126,8 +134,8 @@ class DitStage:
     def _end(self, request, key: str, error: str) -> None:
         """The one terminal response of a request that did not finish."""
         self._release(key)
-        request.get_response_sender().send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error)),
-                                           flags=FINAL)
+        message = pb_utils.Tensor("error", np.array([[error.encode("utf-8")]], dtype=np.object_))
+        request.get_response_sender().send(pb_utils.InferenceResponse([message]), flags=FINAL)
 
     def _release(self, key: str) -> None:
         self.engine.release(key)

@@ -6,19 +6,24 @@ per step; the streaming variant (decoupled) forwards them to the client, the una
 variant only uses them to notice a cancelled client between steps. Only the final
 latents are decoded. A decoupled model cannot answer unary or HTTP calls, hence two
 models on this one class: `model_transaction_policy { decoupled }` picks the variant.
+
+Every request gets exactly one terminal response: the image, or one error (invalid
+input, cancelled, or the failing stage named).
 """
 from __future__ import annotations
 
-import threading
+import time
 import uuid
 from typing import Callable
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from ..cancellation import CancelRegistry
 from ..deployment import load_deployment
 from ..schema import TXT2IMG_INPUTS, GenerationParams, InvalidRequest, decode_request
 from .common import TensorSpec, declare, error_response, input_numpy, to_pb, to_torch
+from .metrics import GenerateMetrics
 
 _TYPES = {"BYTES": "TYPE_STRING", "INT32": "TYPE_INT32", "INT64": "TYPE_INT64", "FP32": "TYPE_FP32"}
 INPUTS = tuple(TensorSpec(s.name, _TYPES[s.dtype], (1,), s.optional) for s in TXT2IMG_INPUTS)
@@ -34,6 +39,10 @@ FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 class StageError(RuntimeError):
     """A downstream model answered with an error; the message names the stage."""
+
+
+class Cancelled(RuntimeError):
+    """The client went away; nothing more is computed for it."""
 
 
 def _bls(model: str, inputs: list, outputs: list[str], **kwargs):
@@ -54,64 +63,101 @@ class GenerateStage:
     def __init__(self, args: dict, model_config: dict):
         self.deployment = load_deployment()
         self.streaming = pb_utils.using_decoupled_model_transaction_policy(model_config)
+        self.cancels = CancelRegistry()
+        self.metrics = GenerateMetrics(args["model_name"])
 
     def execute(self, requests):
+        # Generations run in the execute thread: BLS and response sending from worker threads
+        # crashed tritonserver 2.51 (SIGSEGV in libtriton_python.so) under concurrent streams.
+        # Concurrency comes from instance count instead (scripts/render_repository.py).
         if self.streaming:
             for request in requests:
-                threading.Thread(target=self._serve_stream, args=(request,), daemon=True).start()
+                self._serve_stream(request)
             return None
-        return [self._serve_unary(request) for request in requests]
-
-    # ---- the two variants -------------------------------------------------------------
-    def _serve_unary(self, request):
-        try:
-            params, image = self.generate(request, on_progress=None)
-        except (InvalidRequest, StageError) as exc:
-            return error_response(str(exc))
-        return pb_utils.InferenceResponse(self._final_outputs(params, image))
+        return [self._respond(request, on_progress=None) for request in requests]
 
     def _serve_stream(self, request) -> None:
         sender = request.get_response_sender()
-
-        def on_progress(progress) -> None:
-            sender.send(pb_utils.InferenceResponse([progress]))
-
-        try:
-            params, image = self.generate(request, on_progress)
-            response = pb_utils.InferenceResponse(self._final_outputs(params, image))
-        except (InvalidRequest, StageError) as exc:
-            response = error_response(str(exc))
+        response = self._respond(request, lambda progress: sender.send(pb_utils.InferenceResponse([progress])))
         sender.send(response, flags=FINAL)
 
-    @staticmethod
-    def _final_outputs(params: GenerationParams, image) -> list:
-        return [image, pb_utils.Tensor("seed", np.array([params.seed], dtype=np.int64))]
+    def _respond(self, request, on_progress: Callable | None):
+        """Run one generation and turn its outcome into the one terminal response."""
+        try:
+            params, image = self.generate(request, on_progress)
+        except InvalidRequest as exc:
+            self.metrics.failed.increment(1)
+            return error_response(str(exc), pb_utils.TritonError.INVALID_ARG)
+        except Cancelled:
+            self.metrics.cancelled.increment(1)
+            return error_response("request cancelled", pb_utils.TritonError.CANCELLED)
+        except StageError as exc:
+            self.metrics.failed.increment(1)
+            return error_response(str(exc))
+        self.metrics.completed.increment(1)
+        return pb_utils.InferenceResponse([image, pb_utils.Tensor("seed", np.array([params.seed], dtype=np.int64))])
 
     # ---- the pipeline ------------------------------------------------------------------
     def generate(self, request, on_progress: Callable | None) -> tuple[GenerationParams, object]:
         """Validate, encode, denoise step by step, decode; returns the params and `image`."""
+        arrival = time.monotonic()
         params = decode_request({spec.name: input_numpy(request, spec.name) for spec in TXT2IMG_INPUTS}, self.deployment)
+        encoded = self._timed("encode", self._encode, request, params)
+        latents = self._denoise(request, params, encoded, on_progress, arrival)
+        return params, self._timed("decode", self._decode, request, latents)
+
+    def _timed(self, stage: str, fn, request, *args):
+        if request.is_cancelled():
+            raise Cancelled()
+        start = time.monotonic()
+        result = fn(*args)
+        self.metrics.stage[stage].observe(time.monotonic() - start)
+        return result
+
+    def _encode(self, params: GenerationParams):
         texts = [params.negative_prompt, params.prompt] if params.do_cfg else [params.prompt]
         text = pb_utils.Tensor("text", np.array([[t.encode("utf-8") for t in texts]], dtype=np.object_))
-        encoded = _checked(_bls("text_encoder", [text], ["embeds", "mask"]).exec(), "text_encoder")
+        return _checked(_bls("text_encoder", [text], ["embeds", "mask"]).exec(), "text_encoder")
 
+    def _denoise(self, request, params: GenerationParams, encoded, on_progress: Callable | None, arrival: float):
+        """Stream dit's per-step responses; on a client cancel, flag dit and drain to its end."""
+        if request.is_cancelled():
+            raise Cancelled()
+        dit_id = uuid.uuid4().hex
         params_tensor = pb_utils.Tensor("params", np.array([[params.to_json().encode()]], dtype=np.object_))
-        dit = _bls("dit", [*encoded.output_tensors(), params_tensor], ["progress", "latents"],
-                   request_id=uuid.uuid4().hex)
-        latents = None
+        dit = _bls("dit", [*encoded.output_tensors(), params_tensor], ["progress", "latents", "error"],
+                   request_id=dit_id)
+        start, first_step, latents, cancelled = time.monotonic(), None, None, False
         for response in dit.exec(decoupled=True):
-            _checked(response, "dit")
+            if not cancelled and request.is_cancelled():
+                self.cancels.cancel(dit_id)  # dit ends it at the next step boundary
+                cancelled = True
+            error = pb_utils.get_output_tensor_by_name(response, "error")
+            if response.has_error() or error is not None:
+                if cancelled:
+                    break
+                message = response.error().message() if response.has_error() else error.as_numpy().reshape(-1)[0]
+                raise StageError(f"dit: {message.decode() if isinstance(message, bytes) else message}")
+            if first_step is None:
+                first_step = time.monotonic()
+                self.metrics.first_step.observe(first_step - arrival)
             progress = pb_utils.get_output_tensor_by_name(response, "progress")
-            if progress is not None and on_progress is not None:
+            if progress is not None and on_progress is not None and not cancelled:
                 on_progress(to_pb("progress", to_torch(progress)[0]))
             final = pb_utils.get_output_tensor_by_name(response, "latents")
             latents = final if final is not None else latents
+        if cancelled:
+            self.cancels.clear(dit_id)  # dit may have finished before it saw the flag
+            raise Cancelled()
         if latents is None:
             raise StageError("dit: finished without latents")
+        self.metrics.stage["denoise"].observe(time.monotonic() - start)
+        return latents
 
+    def _decode(self, latents):
         decoded = _checked(_bls("vae_decode", [latents], ["image"]).exec(), "vae_decode")
         image = to_torch(pb_utils.get_output_tensor_by_name(decoded, "image"))[0]
-        return params, to_pb("image", image)
+        return to_pb("image", image)
 
     def finalize(self) -> None:
         pass

@@ -1,0 +1,103 @@
+"""Test helpers: streaming calls with timestamps, Prometheus scraping."""
+from __future__ import annotations
+
+import queue
+import re
+import time
+import urllib.request
+from dataclasses import dataclass, field
+
+import tritonclient.grpc as grpcclient
+
+from ditserve.client import GenerationRequest
+
+
+def grpc_inputs(request: GenerationRequest) -> list:
+    inputs = []
+    for name, value, dtype in request.tensors():
+        tensor = grpcclient.InferInput(name, list(value.shape), dtype)
+        tensor.set_data_from_numpy(value)
+        inputs.append(tensor)
+    return inputs
+
+
+@dataclass
+class StreamCall:
+    """One txt2img_stream request on its own gRPC stream, so it can be cancelled alone."""
+
+    url: str
+    request: GenerationRequest
+    responses: queue.Queue = field(default_factory=queue.Queue)
+    progress: list = field(default_factory=list)
+
+    def start(self) -> "StreamCall":
+        self.client = grpcclient.InferenceServerClient(self.url)
+        self.client.start_stream(callback=lambda result, error: self.responses.put((time.monotonic(), result, error)))
+        self.client.async_stream_infer("txt2img_stream", grpc_inputs(self.request))
+        return self
+
+    def next(self, timeout: float = 120):
+        return self.responses.get(timeout=timeout)
+
+    def wait_progress(self, steps_done: int, timeout: float = 120) -> None:
+        while not self.progress or self.progress[-1][0] < steps_done:
+            _, result, error = self.next(timeout)
+            assert error is None, error
+            self.progress.append(tuple(int(v) for v in result.as_numpy("progress")))
+
+    def finish(self, timeout: float = 120):
+        """Collect responses until the image or an error; returns (all progress seen, image)."""
+        while True:
+            _, result, error = self.next(timeout)
+            if error is not None:
+                raise error
+            image = result.as_numpy("image")
+            if image is not None:
+                self.close()
+                return self.progress, image
+            self.progress.append(tuple(int(v) for v in result.as_numpy("progress")))
+
+    def cancel(self) -> None:
+        self.client.stop_stream(cancel_requests=True)
+        self.client.close()
+
+    def close(self) -> None:
+        self.client.stop_stream()
+        self.client.close()
+
+
+def scrape(metrics_url: str) -> dict[tuple[str, str], float]:
+    """{(metric name, model label): value} for every sample on /metrics."""
+    text = urllib.request.urlopen(metrics_url, timeout=5).read().decode()
+    samples = {}
+    for line in text.splitlines():
+        match = re.match(r'^(\w+)\{([^}]*)\}\s+(\S+)$', line)
+        if match:
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2)))
+            key = (match.group(1), labels.get("model", ""))
+            if "le" not in labels:
+                samples[key] = float(match.group(3))
+    return samples
+
+
+def histogram_above(metrics_url: str, name: str, model: str, bound: str) -> float:
+    """How many observations of histogram `name` exceeded `bound` (count minus the le=bound bucket)."""
+    text = urllib.request.urlopen(metrics_url, timeout=5).read().decode()
+    count = bucket = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name) or f'model="{model}"' not in line:
+            continue
+        if line.startswith(f"{name}_count"):
+            count = float(line.split()[-1])
+        elif line.startswith(f"{name}_bucket") and f'le="{bound}"' in line:
+            bucket = float(line.split()[-1])
+    return count - bucket
+
+
+def wait_for_metric(metrics_url: str, name: str, model: str, expected: float, timeout: float = 30) -> float:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = scrape(metrics_url).get((name, model), 0.0)
+        if value == expected or time.monotonic() > deadline:
+            return value
+        time.sleep(0.2)

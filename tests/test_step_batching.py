@@ -1,0 +1,172 @@
+"""Step-wise continuous batching, cancellation and metrics in `dit` (real server, tiny PixArt).
+
+The default deployment runs `step` mode with capacity 4.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from tritonclient.utils import InferenceServerException
+
+from conftest import diffusers_image
+from ditserve.client import DitClient, GenerationRequest
+from helpers import StreamCall, histogram_above, scrape, wait_for_metric
+from test_txt2img import assert_matches
+
+STREAM = "txt2img_stream"
+
+
+def _counter(server, name: str, model: str = STREAM) -> float:
+    return scrape(server.metrics_url).get((name, model), 0.0)
+
+
+def _state_table_empties(server) -> None:
+    assert wait_for_metric(server.metrics_url, "ditserve_state_table_size", "dit", 0.0) == 0.0
+
+
+def test_staggered_requests_batch_stepwise_and_each_matches_diffusers(server, diffusers_pixart):
+    requests = [
+        GenerationRequest("a red cat", seed=11, num_inference_steps=80),
+        GenerationRequest("a blue bird flying", seed=22, num_inference_steps=50),
+        GenerationRequest("a castle at night", seed=33, num_inference_steps=60, guidance_scale=3.0),
+        GenerationRequest("a green forest", seed=44, num_inference_steps=30, negative_prompt="dark"),
+        GenerationRequest("a small boat", seed=55, num_inference_steps=40),
+    ]
+    before = scrape(server.metrics_url)
+    big_batches = histogram_above(server.metrics_url, "ditserve_step_batch_size", "dit", "2")
+    calls = []
+    for request in requests:           # each arrives while the earlier ones are mid-loop
+        calls.append(StreamCall(server.grpc_url, request).start())
+        calls[-1].wait_progress(2) if len(calls) < len(requests) else None
+    results = [call.finish() for call in calls]
+    after = scrape(server.metrics_url)
+
+    for request, (progress, image) in zip(requests, results):
+        steps = request.num_inference_steps
+        assert progress == [(i, steps) for i in range(1, steps + 1)]
+        expected = diffusers_image(diffusers_pixart, request.prompt, request.seed, steps,
+                                   request.guidance_scale or 4.5, negative_prompt=request.negative_prompt or "")
+        assert_matches(image, expected)
+    rows = after[("ditserve_step_batch_size_sum", "dit")] - before.get(("ditserve_step_batch_size_sum", "dit"), 0)
+    assert rows == sum(r.num_inference_steps for r in requests), "one forward row per request per step"
+    assert histogram_above(server.metrics_url, "ditserve_step_batch_size", "dit", "2") > big_batches, \
+        "requests at different timesteps should have shared a forward (batch of 3+)"
+    _state_table_empties(server)
+
+
+def test_batched_result_equals_the_solo_result(server):
+    solo_request = GenerationRequest("a yellow flower", seed=99, num_inference_steps=10)
+    with DitClient(server.grpc_url, "grpc") as client:
+        solo = client.generate(solo_request).image
+    peers = [StreamCall(server.grpc_url, GenerationRequest(f"peer {i}", seed=i, num_inference_steps=25)).start()
+             for i in range(3)]
+    peers[0].wait_progress(3)
+    progress, batched = StreamCall(server.grpc_url, solo_request).start().finish()
+    for peer in peers:
+        peer.finish()
+    assert_matches(batched, solo)
+
+
+def test_mixed_shapes_and_cfg_run_concurrently_and_correctly(server, diffusers_pixart):
+    requests = [
+        GenerationRequest("a cat", seed=1, num_inference_steps=10, height=64, width=64),
+        GenerationRequest("a cat", seed=2, num_inference_steps=10, height=96, width=64),
+        GenerationRequest("a cat", seed=3, num_inference_steps=10, guidance_scale=1.0),
+        GenerationRequest("a cat", seed=4, num_inference_steps=10, height=32, width=128, guidance_scale=1.0),
+    ]
+    calls = [StreamCall(server.grpc_url, r).start() for r in requests]
+    results = [call.finish() for call in calls]
+    for request, (_, image) in zip(requests, results):
+        expected = diffusers_image(diffusers_pixart, request.prompt, request.seed, 10, request.guidance_scale or 4.5,
+                                   request.height or 64, request.width or 64)
+        assert_matches(image, expected)
+
+
+@pytest.mark.parametrize("cancel_after_steps", [0, 1, 30, 59], ids=["on-arrival", "first", "middle", "last"])
+def test_cancel_at_each_point_frees_state_and_never_decodes(server, cancel_after_steps):
+    """One 60-step stream is cancelled after N progress responses.
+
+    On arrival it may be dropped by Triton before our model sees it (cancelled count +0)
+    or reach us already cancelled (+1); once it has stepped, our model must end it (+1).
+    """
+    name = "ditserve_requests_cancelled_total"
+    before = scrape(server.metrics_url)
+    call = StreamCall(server.grpc_url, GenerationRequest("doomed", seed=5, num_inference_steps=60, height=128, width=128)).start()
+    if cancel_after_steps:
+        call.wait_progress(cancel_after_steps)
+    call.cancel()
+    expected = before.get((name, STREAM), 0) + 1
+    if cancel_after_steps:
+        assert wait_for_metric(server.metrics_url, name, STREAM, expected) == expected
+    _state_table_empties(server)
+    time.sleep(0.5)  # a late, wrong decode or a second outcome would show up by now
+    after = scrape(server.metrics_url)
+    delta = lambda metric, model=STREAM: after.get((metric, model), 0) - before.get((metric, model), 0)  # noqa: E731
+    assert delta(name) == 1 if cancel_after_steps else delta(name) in (0, 1)
+    assert delta("ditserve_requests_completed_total") == 0
+    assert delta("ditserve_requests_failed_total") == 0
+    assert delta("nv_inference_count", "vae_decode") == 0, "no decode after an abort"
+    with DitClient(server.grpc_url, "grpc") as client:
+        assert client.generate(GenerationRequest("next", seed=1, num_inference_steps=2)).image.shape == (64, 64, 3)
+
+
+def test_cancel_while_queued_before_admission_leaves_peers_intact(server):
+    """Capacity 4 is busy; a 5th request waits in Triton's queue and is cancelled there.
+
+    Triton may drop it from its queue itself (our model never sees it) or hand it over
+    already cancelled; either way it ends once, never decodes, and the peers are unharmed.
+    """
+    capacity = 4
+    runner_requests = [GenerationRequest(f"runner {i}", seed=i, num_inference_steps=60, height=128, width=128)
+                       for i in range(capacity)]
+    runners = [StreamCall(server.grpc_url, request).start() for request in runner_requests]
+    for runner in runners:
+        runner.wait_progress(1)
+    before = scrape(server.metrics_url)
+    queued = StreamCall(server.grpc_url, GenerationRequest("queued", seed=9, num_inference_steps=5)).start()
+    time.sleep(0.3)
+    queued.cancel()
+    images = [runner.finish()[1] for runner in runners]
+    _state_table_empties(server)
+    after = scrape(server.metrics_url)
+    delta = lambda name, model=STREAM: after.get((name, model), 0) - before.get((name, model), 0)  # noqa: E731
+    assert delta("ditserve_requests_completed_total") == capacity
+    assert delta("ditserve_requests_cancelled_total") in (0, 1)
+    assert delta("nv_inference_count", "vae_decode") == capacity, "only the peers were decoded"
+    with DitClient(server.grpc_url, "grpc") as client:
+        for request, image in zip(runner_requests, images):   # peers match their solo runs
+            assert_matches(image, client.generate(request).image)
+
+
+def test_unary_client_deadline_cancels_the_generation(server):
+    """A gRPC deadline at half the solo duration expires mid-denoise: our model ends it."""
+    request = GenerationRequest("too slow", seed=1, num_inference_steps=100, height=256, width=256)
+    with DitClient(server.grpc_url, "grpc") as client:
+        start = time.monotonic()
+        client.generate(request)
+        solo_seconds = time.monotonic() - start
+    before = scrape(server.metrics_url)
+    with DitClient(server.grpc_url, "grpc") as client, pytest.raises(InferenceServerException) as err:
+        client.generate(request, timeout_s=solo_seconds / 2)
+    assert "Deadline" in str(err.value) or "DEADLINE" in str(err.value)
+    expected = before.get(("ditserve_requests_cancelled_total", "txt2img"), 0) + 1
+    assert wait_for_metric(server.metrics_url, "ditserve_requests_cancelled_total", "txt2img", expected) == expected
+    _state_table_empties(server)
+    after = scrape(server.metrics_url)
+    assert after[("nv_inference_count", "vae_decode")] == before[("nv_inference_count", "vae_decode")]
+
+
+def test_metrics_expose_the_engine(server):
+    with DitClient(server.grpc_url, "grpc-stream") as client:
+        client.generate(GenerationRequest("metrics", seed=1, num_inference_steps=3))
+    samples = scrape(server.metrics_url)
+    for name in ("ditserve_step_batch_size_count", "ditserve_state_table_size", "ditserve_active_generations",
+                 "ditserve_step_duration_seconds_count"):
+        assert (name, "dit") in samples, name
+    for name in ("ditserve_requests_completed_total", "ditserve_time_to_first_step_seconds_count",
+                 "ditserve_encode_duration_seconds_count", "ditserve_denoise_duration_seconds_count",
+                 "ditserve_decode_duration_seconds_count"):
+        assert samples.get((name, STREAM), 0) >= 1, name
