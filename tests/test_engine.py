@@ -1,0 +1,76 @@
+"""The step engine's scheduling policy, on the real tiny PixArt-Sigma adapter (no server).
+
+Policy under test (bounded wait): every request present in a batch advances exactly one
+step per engine step, whatever its compatibility group; each group is one forward.
+So a request never waits behind another group for more than one forward per group.
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from ditserve.adapters import adapter_for
+from ditserve.deployment import load_deployment
+from ditserve.engine import StepEngine
+from ditserve.schema import GenerationParams
+from ditserve.state import TextConditioning
+
+
+@pytest.fixture(scope="module")
+def engine():
+    deployment = load_deployment("configs/tiny-pixart-sigma.toml")
+    return StepEngine(adapter_for(deployment.model.family)(deployment, "dit"))
+
+
+def _params(seed: int, height: int = 64, guidance: float = 4.5, steps: int = 5) -> GenerationParams:
+    return GenerationParams("p", "", height, 64, steps, guidance, seed)
+
+
+def _cond(params: GenerationParams) -> TextConditioning:
+    rows = 2 if params.do_cfg else 1
+    return TextConditioning(torch.randn(rows, 300, 32), torch.ones(rows, 300, dtype=torch.int64))
+
+
+def _admit(engine, key, params):
+    return engine.admit(key, params, _cond(params))
+
+
+def test_every_group_advances_one_step_per_engine_step(engine):
+    mixed = {"a": _params(1), "b": _params(2), "c": _params(3, height=96), "d": _params(4, guidance=1.0)}
+    for key, params in mixed.items():
+        _admit(engine, key, params)
+    report = engine.step(list(mixed))
+    assert report.forwards == 3 and sorted(report.batch_sizes) == [1, 1, 2]
+    assert all(engine.table[key].step_index == 1 for key in mixed)
+    for key in mixed:
+        engine.release(key)
+
+
+def test_each_request_owns_its_scheduler(engine):
+    a, b = _admit(engine, "s1", _params(1, steps=6)), _admit(engine, "s2", _params(2, steps=3))
+    assert a.scheduler is not b.scheduler and len(a.timesteps) == 6 and len(b.timesteps) == 3
+    engine.step(["s1", "s2"])
+    engine.step(["s1"])
+    assert (a.step_index, b.step_index) == (2, 1)
+    assert a.scheduler.step_index == 2 and b.scheduler.step_index == 1  # solver history is per request
+    engine.release("s1"), engine.release("s2")
+
+
+def test_release_is_idempotent_and_gc_drops_lost_requests(engine):
+    _admit(engine, "live", _params(1))
+    _admit(engine, "lost", _params(2))
+    engine.table["lost"].last_seen = time.monotonic() - 1000
+    assert engine.collect_garbage(live_keys={"live"}, idle_seconds=60) == ["lost"]
+    assert engine.release("lost") is None and engine.release("live") is not None and len(engine) == 0
+
+
+def test_stepping_a_finished_or_duplicate_request_is_an_error(engine):
+    _admit(engine, "one", _params(1, steps=1))
+    with pytest.raises(KeyError):
+        _admit(engine, "one", _params(1))
+    engine.step(["one"])
+    with pytest.raises(RuntimeError, match="no steps left"):
+        engine.step(["one"])
+    engine.release("one")
