@@ -73,10 +73,9 @@ TRANSFORMER_CONFIG = dict(
     interpolation_scale=2,
     use_additional_conditions=False,
     upcast_attention=False,
-    only_cross_attention=False,
-    double_self_attention=False,
-    use_linear_projection=False,
     attention_type="default",
+    # The checkpoint's only_cross_attention/double_self_attention/use_linear_projection
+    # (all false) are legacy Transformer2DModel keys this class no longer takes.
     dropout=0.0,
 )
 
@@ -167,6 +166,18 @@ class Timer:
         log(f"{name}: {self.times[name]:.2f}s")
 
 
+def cast_if_needed(module: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """Cast floating tensors not created in `dtype` (e.g. PixArt's fp32 sin-cos pos_embed buffer).
+
+    Plain `nn.Module.to`: diffusers' `ModelMixin.to` would warn about fp32-kept modules,
+    and these models have none.
+    """
+    tensors = [*module.parameters(), *module.buffers()]
+    if any(t.is_floating_point() and t.dtype != dtype for t in tensors):
+        module = torch.nn.Module.to(module, dtype)
+    return module
+
+
 def n_params(module: torch.nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
@@ -222,12 +233,12 @@ def build(args: argparse.Namespace) -> dict:
         tokenizer = tiny_t5_tokenizer()
     with timer("text_encoder init"), build_context(device, dtype):
         t5_config = T5Config(**{**T5_CONFIG, "num_layers": args.text_encoder_layers})
-        text_encoder = T5EncoderModel(t5_config).to(dtype).eval()
+        text_encoder = cast_if_needed(T5EncoderModel(t5_config), dtype).eval()
     with timer("transformer init"), build_context(device, dtype):
         transformer = PixArtTransformer2DModel(**{**TRANSFORMER_CONFIG, "num_layers": args.transformer_layers})
-        transformer = transformer.to(dtype).eval()
+        transformer = cast_if_needed(transformer, dtype).eval()
     with timer("vae init"), build_context(device, dtype):
-        vae = AutoencoderKL(**VAE_CONFIG).to(dtype).eval()
+        vae = cast_if_needed(AutoencoderKL(**VAE_CONFIG), dtype).eval()
     scheduler = DPMSolverMultistepScheduler(**SCHEDULER_CONFIG)
     info["params"] = {"text_encoder": n_params(text_encoder), "transformer": n_params(transformer),
                       "vae": n_params(vae), "tokenizer_vocab": len(tokenizer)}

@@ -31,6 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--url", help="server address (default 127.0.0.1:8001 for gRPC, :8000 for HTTP)")
     p.add_argument("--protocol", choices=PROTOCOLS, default="grpc-stream",
                    help="grpc-stream shows per-step progress (default); grpc/http call the unary model")
+    p.add_argument("--shm", choices=("system", "cuda"),
+                   help="receive the image in a shared-memory region (needs --height and --width)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before giving up")
     args = p.parse_args(argv)
 
@@ -45,10 +47,13 @@ def main(argv: list[str] | None = None) -> int:
 
     start = time.monotonic()
     try:
-        with DitClient(url, args.protocol) as client:
+        with DitClient(url, args.protocol, shm=args.shm) as client:
             result = client.generate(request, on_progress, timeout_s=args.timeout)
     except InferenceServerException as exc:
         print(f"error: the server rejected the request: {exc.message()}", file=sys.stderr)
+        return 1
+    except ValueError as exc:  # e.g. --shm without --height/--width
+        print(f"error: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:  # connection refused, timeout: say what to check
         print(f"error: could not reach the server at {url} ({exc}); is `python scripts/serve.py` running?",

@@ -5,16 +5,20 @@
     result.image  # numpy uint8 [H, W, 3]
 
 `grpc-stream` calls `txt2img_stream` and reports one (done, total) pair per denoise
-step; `grpc` and `http` call `txt2img` and get only the final image.
+step; `grpc` and `http` call `txt2img` and get only the final image. With
+`shm="system"` or `shm="cuda"` the image is written into a shared-memory region this
+client registered (see `ditserve.shm`); the request must then give height and width.
 """
 from __future__ import annotations
 
 import queue
 import uuid
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
+
+from .shm import OutputRegionPool
 
 PROTOCOLS = ("grpc-stream", "grpc", "http")
 
@@ -57,10 +61,12 @@ class GenerationResult:
     image: np.ndarray      # uint8 [H, W, 3]
     seed: int
     steps_reported: int    # progress responses received (streaming only)
+    image_gpu: Any = None  # shm="cuda": torch view of the region, valid until the next request
 
 
 class DitClient:
-    def __init__(self, url: str, protocol: str = "grpc-stream", model: str = "txt2img"):
+    def __init__(self, url: str, protocol: str = "grpc-stream", model: str = "txt2img", shm: str | None = None,
+                 shm_device: int = 0):
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol {protocol!r}; choose one of {PROTOCOLS}")
         self.protocol = protocol
@@ -73,6 +79,7 @@ class DitClient:
         # HTTP takes its timeout per client, gRPC per call (see generate()).
         self._client = module.InferenceServerClient(url, network_timeout=600.0) if protocol == "http" \
             else module.InferenceServerClient(url)
+        self.pool = OutputRegionPool(self._client, shm, shm_device) if shm else None
 
     def _inputs(self, request: GenerationRequest) -> list:
         inputs = []
@@ -82,33 +89,59 @@ class DitClient:
             inputs.append(tensor)
         return inputs
 
-    def _outputs(self) -> list:
-        return [self._module.InferRequestedOutput(name) for name in ("image", "seed")]
+    def _outputs(self, region=None, byte_size: int = 0) -> list:
+        outputs = [self._module.InferRequestedOutput(name) for name in ("image", "seed", "progress")]
+        if region is not None:
+            outputs[0].set_shared_memory(region.name, byte_size)
+        return outputs if self.protocol == "grpc-stream" else outputs[:2]
 
     def generate(self, request: GenerationRequest, on_progress: Callable[[int, int], None] | None = None,
                  timeout_s: float | None = None) -> GenerationResult:
         """Run one generation; raises tritonclient's InferenceServerException on a server error."""
+        region, byte_size = None, 0
+        if self.pool:
+            if request.height is None or request.width is None:
+                raise ValueError("shared-memory output needs explicit height and width to size the region")
+            byte_size = request.height * request.width * 3
+            region = self.pool.acquire(byte_size)
+        try:
+            final, steps = self._infer(request, self._outputs(region, byte_size), on_progress, timeout_s)
+        except BaseException:
+            if region is not None:
+                self.pool.release(region, broken=True)
+            raise
+        seed = int(final.as_numpy("seed")[0])
+        if region is None:
+            return GenerationResult(final.as_numpy("image"), seed, steps)
+        shape = self._output_shape(final, "image")
+        result = GenerationResult(self.pool.read(region, shape), seed, steps)
+        if self.pool.kind == "cuda":
+            result.image_gpu = self.pool.as_torch(region, shape)
+        self.pool.release(region)
+        return result
+
+    def _output_shape(self, result, name: str) -> list[int]:
+        output = result.get_output(name)
+        return list(output["shape"] if self.protocol == "http" else output.shape)
+
+    def _infer(self, request, outputs, on_progress, timeout_s):
+        """The final result object and the number of progress responses seen."""
         if self.protocol != "grpc-stream":
             kwargs = {"client_timeout": timeout_s} if timeout_s and self.protocol == "grpc" else {}
-            result = self._client.infer(self.model, self._inputs(request), outputs=self._outputs(), **kwargs)
-            return GenerationResult(result.as_numpy("image"), int(result.as_numpy("seed")[0]), 0)
-        return self._generate_stream(request, on_progress, timeout_s)
-
-    def _generate_stream(self, request, on_progress, timeout_s) -> GenerationResult:
+            return self._client.infer(self.model, self._inputs(request), outputs=outputs, **kwargs), 0
         responses: queue.Queue = queue.Queue()
         self._client.start_stream(callback=lambda result, error: responses.put((result, error)),
                                   stream_timeout=timeout_s)
         steps = 0
         try:
-            self._client.async_stream_infer(f"{self.model}_stream", self._inputs(request),
+            self._client.async_stream_infer(f"{self.model}_stream", self._inputs(request), outputs=outputs,
                                             request_id=uuid.uuid4().hex)
             while True:
                 result, error = responses.get(timeout=timeout_s)
                 if error is not None:
                     raise error
-                image = result.as_numpy("image")
-                if image is not None:
-                    return GenerationResult(image, int(result.as_numpy("seed")[0]), steps)
+                if result.get_output("image") is not None:
+                    return result, steps
                 done, total = (int(v) for v in result.as_numpy("progress"))
                 steps += 1
                 if on_progress:
@@ -117,6 +150,8 @@ class DitClient:
             self._client.stop_stream()
 
     def close(self) -> None:
+        if self.pool:
+            self.pool.close()
         self._client.close()
 
     def __enter__(self) -> "DitClient":

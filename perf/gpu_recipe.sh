@@ -1,0 +1,315 @@
+#!/usr/bin/env bash
+# GPU perf recipe: full-size PixArt-Sigma 1024px (random weights, bf16) on the lent H200.
+#
+#   source .gpu/env.sh && bash perf/gpu_recipe.sh [STAGE ...]        (from the checkout root)
+#
+# Stages, run in the order given (default: all = env build baseline smoke control):
+#   env       GPU, versions, tools, disk; fails early if something the rest needs is missing
+#   build     scripts/build_full_size_random.py --if-missing
+#             -> models/pixart-sigma-1024-random (~11 GB; git-ignored; ~1 min)
+#   baseline  perf/raw_gpu_baseline.py: plain diffusers, 1024x1024, 20 steps, guidance 4.5,
+#             serial (warm-up 1, 5 runs) + batched B=1,2,4,8 + per-component times
+#             -> $OUT/raw_baseline.json (~2 min)
+#   smoke     tritonserver on configs/pixart-sigma-1024-random.toml (repository rendered for
+#             its capacity 8): 1 warm-up, 1 solo, then 4 concurrent 1024px streamed requests
+#             -> $OUT/server_smoke.json (~2-3 min; proves the served path before `control`)
+#   control   perf/matched_control.py (request mode vs step batching on one workload)
+#             -> $OUT/control_* (time depends on CONTROL_RATE / CONTROL_N)
+# baseline, smoke and control first build the model if it is missing (a machine stays warm
+# only ~30 s after a call, so a later call usually finds a bare machine).
+#
+# Outputs under $OUT (default outputs/gpu_recipe), at most 8 files: recipe.log (everything,
+# server log tails included), build_info.json, raw_baseline.json, server_smoke.json,
+# summary.md, control_all.tgz and up to two control_*.json/md.
+#
+# Env knobs: RECIPE_DEADLINE_S (default 540: stages that would start too late are skipped,
+# running ones are stopped with SIGINT so their partial output is kept; leaves room for
+# `source .gpu/env.sh` inside the device's 600 s), PYTHON (default python3),
+# BASELINE_RUNS (5), BASELINE_WARMUP (1), BASELINE_BATCHES (1,2,4,8), BASELINE_BATCH_RUNS (2),
+# SMOKE_CONCURRENT (4), CONTROL_RATE (0.6 req/s), CONTROL_N (24), CONTROL_ARGS (extra args).
+# Exit status: 0 when every requested stage passed, 1 otherwise (the summary names them).
+set -uo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$REPO_ROOT"
+OUT="${OUT:-$REPO_ROOT/outputs/gpu_recipe}"
+PY="${PYTHON:-python3}"
+DEADLINE_S="${RECIPE_DEADLINE_S:-540}"
+DEPLOYMENT="configs/pixart-sigma-1024-random.toml"
+MODEL_DIR="models/pixart-sigma-1024-random"
+WORK="${TMPDIR:-/tmp}/gpu_recipe.$$"
+START_EPOCH=$(date +%s)
+declare -a RESULTS=()
+
+log() { echo "[gpu_recipe +$(( $(date +%s) - START_EPOCH ))s] $*"; }
+remaining() { echo $(( DEADLINE_S - ($(date +%s) - START_EPOCH) )); }
+
+# run_timed NAME MIN_S CMD...: skip when fewer than MIN_S seconds remain; otherwise run CMD
+# under `timeout` (SIGINT first, so Python's finally blocks stop servers and write files).
+run_timed() {
+    local name=$1 min_s=$2; shift 2
+    local left; left=$(remaining)
+    if (( left < min_s )); then
+        log "SKIP $name: ${left}s left of RECIPE_DEADLINE_S=${DEADLINE_S}, needs ~${min_s}s; run it in its own call: bash perf/gpu_recipe.sh $name"
+        RESULTS+=("$name: SKIPPED (time)")
+        return 2
+    fi
+    log "BEGIN $name (${left}s left)"
+    local t0=$(date +%s) rc
+    timeout --signal=INT --kill-after=30 "$(( left - 5 ))" "$@"
+    rc=$?
+    local dt=$(( $(date +%s) - t0 ))
+    if (( rc == 0 )); then RESULTS+=("$name: ok (${dt}s)"); log "END $name: ok in ${dt}s"
+    elif (( rc == 124 || rc == 130 )); then RESULTS+=("$name: TIMED OUT (${dt}s)"); log "END $name: timed out after ${dt}s"
+    else RESULTS+=("$name: FAILED rc=$rc (${dt}s)"); log "END $name: FAILED rc=$rc after ${dt}s"
+    fi
+    return $rc
+}
+
+model_ready() { [[ -f "$MODEL_DIR/build_info.json" ]] && [[ -f "$MODEL_DIR/model_index.json" ]]; }
+
+stage_env() {
+    log "env: repo $REPO_ROOT, OUT=$OUT, python $(command -v "$PY")"
+    nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version,clocks.sm --format=csv 2>&1 || true
+    echo "TRITONSERVER=${TRITONSERVER:-<unset>} TRITON_BACKENDS=${TRITON_BACKENDS:-<unset>} PERF_ANALYZER=${PERF_ANALYZER:-<unset>}"
+    df -h "$REPO_ROOT" /tmp 2>&1 | sed 's/^/  /'
+    echo "cores: $(nproc)  mem: $(free -g 2>/dev/null | awk '/Mem:/{print $2" GiB"}')"
+    "$PY" - <<'EOF'
+import importlib, sys
+ok = True
+for name in ("torch", "numpy", "diffusers", "transformers", "tokenizers", "safetensors", "huggingface_hub",
+             "tritonclient", "PIL", "tqdm", "accelerate", "sentencepiece"):
+    try:
+        mod = importlib.import_module(name)
+        print(f"  {name:16s} {getattr(mod, '__version__', '?')}")
+    except Exception as exc:  # report every missing one, then fail
+        print(f"  {name:16s} MISSING ({type(exc).__name__}: {exc})")
+        ok &= name in ("accelerate", "sentencepiece", "tqdm")
+import numpy, torch
+print(f"  python {sys.version.split()[0]} at {sys.executable}; cuda available: {torch.cuda.is_available()}")
+if int(numpy.__version__.split(".")[0]) >= 2:
+    print("  WARNING: numpy 2 in the server environment: Triton 2.51's Python backend sends EMPTY tensors (see DESIGN.md)")
+try:  # the offline tokenizer needs transformers 5's T5Tokenizer(vocab=...)
+    from transformers import T5Tokenizer
+    T5Tokenizer(vocab=[("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581a", -1.0)], extra_ids=0)
+    print("  T5Tokenizer(vocab=...) ok")
+except Exception as exc:
+    print(f"  T5Tokenizer(vocab=...) FAILED: {exc}")
+    ok = False
+sys.exit(0 if ok and torch.cuda.is_available() else 1)
+EOF
+    [[ -n "${TRITONSERVER:-}" && -x "${TRITONSERVER:-}" ]] || { echo "  TRITONSERVER not set or not executable: source .gpu/env.sh first"; return 1; }
+}
+
+stage_build() {
+    "$PY" scripts/build_full_size_random.py --out "$MODEL_DIR" --if-missing || return $?
+    cp "$MODEL_DIR/build_info.json" "$OUT/build_info.json"
+}
+
+ensure_model() {
+    if model_ready; then return 0; fi
+    log "model missing at $MODEL_DIR: building it first"
+    run_timed build 90 stage_build
+}
+
+stage_baseline() {
+    "$PY" perf/raw_gpu_baseline.py --model "$MODEL_DIR" --device cuda --dtype bfloat16 \
+        --height 1024 --width 1024 --steps 20 --guidance-scale 4.5 \
+        --warmup "${BASELINE_WARMUP:-1}" --runs "${BASELINE_RUNS:-5}" \
+        --batch-sizes "${BASELINE_BATCHES:-1,2,4,8}" --batch-runs "${BASELINE_BATCH_RUNS:-2}" \
+        --out "$OUT/raw_baseline.json" > "$WORK/raw_baseline.stdout"
+}
+
+stage_smoke() {
+    "$PY" - "$DEPLOYMENT" "$WORK" "$OUT/server_smoke.json" "${SMOKE_CONCURRENT:-4}" <<'EOF'
+"""Serve the full-size deployment once: start-up time, one solo and N concurrent 1024px requests."""
+import json, socket, subprocess, sys, threading, time, urllib.request
+from pathlib import Path
+
+deployment, work, out_path, n_conc = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])
+sys.path.insert(0, "backends")
+from ditserve.launcher import ServerOptions, TritonServer  # noqa: E402
+from ditserve.client import DitClient, GenerationRequest  # noqa: E402
+
+report = {"deployment": deployment, "ok": False}
+repo = work / "repo-random"
+subprocess.run([sys.executable, "scripts/render_repository.py", "--deployment", deployment, "--out", str(repo)], check=True)
+socks = [socket.socket() for _ in range(3)]
+for s in socks:
+    s.bind(("127.0.0.1", 0))
+http, grpc, metrics = (s.getsockname()[1] for s in socks)
+for s in socks:
+    s.close()
+log_path = work / "server_smoke.log"
+server = TritonServer(ServerOptions(model_repository=repo, http_port=http, grpc_port=grpc, metrics_port=metrics,
+                                    deployment=deployment), log_path=log_path)
+
+def one(seed, record):
+    t0 = time.perf_counter()
+    try:
+        with DitClient(server.grpc_url, protocol="grpc-stream") as client:
+            res = client.generate(GenerationRequest("a red fox sitting in the snow, watercolor", seed=seed,
+                                                    height=1024, width=1024, num_inference_steps=20,
+                                                    guidance_scale=4.5), timeout_s=240)
+        record.update(ms=round((time.perf_counter() - t0) * 1000, 1), shape=list(res.image.shape),
+                      steps_reported=res.steps_reported, mean=round(float(res.image.mean()), 2))
+    except Exception as exc:
+        record.update(ms=round((time.perf_counter() - t0) * 1000, 1), error=f"{type(exc).__name__}: {exc}"[:500])
+    return record
+
+t0 = time.perf_counter()
+server.start()
+try:
+    server.wait_ready(timeout_s=420)
+    report["startup_s"] = round(time.perf_counter() - t0, 1)
+    print(f"[smoke] server ready in {report['startup_s']}s", flush=True)
+    report["gpu_memory_used"] = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader"],
+                                               capture_output=True, text=True).stdout.strip()
+    report["warmup"] = one(0, {})
+    print(f"[smoke] warm-up {report['warmup']}", flush=True)
+    report["solo"] = one(1, {})
+    print(f"[smoke] solo {report['solo']}", flush=True)
+    records = [{} for _ in range(n_conc)]
+    threads = [threading.Thread(target=one, args=(10 + i, records[i])) for i in range(n_conc)]
+    t1 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    report["concurrent"] = {"n": n_conc, "wall_ms": round((time.perf_counter() - t1) * 1000, 1), "requests": records}
+    print(f"[smoke] concurrent {report['concurrent']}", flush=True)
+    try:
+        text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+        report["metrics"] = [l for l in text.splitlines() if l.startswith(("ditserve", "nv_inference_count",
+                             "nv_inference_exec_count", "nv_inference_request_success", "nv_inference_request_failure"))][:200]
+    except OSError as exc:
+        report["metrics"] = f"unavailable: {exc}"
+    runs = [report["warmup"], report["solo"], *records]
+    report["ok"] = all("error" not in r and r.get("shape") == [1024, 1024, 3] for r in runs)
+except BaseException as exc:  # timeout's SIGINT too: keep the partial report
+    report["error"] = f"{type(exc).__name__}: {exc}"[-3000:]
+finally:
+    server.stop()
+    out_path.write_text(json.dumps(report, indent=2) + "\n")
+    print("[smoke] server log tail:\n" + server.log_tail(60), flush=True)
+sys.exit(0 if report["ok"] else 1)
+EOF
+}
+
+stage_control() {
+    local ctrl="$WORK/control"
+    mkdir -p "$ctrl"
+    if [[ ! -f perf/matched_control.py ]]; then
+        # >>> EXPECTED CALL (perf/matched_control.py not in this checkout yet) <<<
+        echo "perf/matched_control.py is missing: nothing to run. Expected call:"
+        echo "  $PY perf/matched_control.py --deployment $DEPLOYMENT --rate ${CONTROL_RATE:-0.6} --num-requests ${CONTROL_N:-24} --out-dir <dir> ${CONTROL_ARGS:-}"
+        return 3
+    fi
+    # shellcheck disable=SC2086  # CONTROL_ARGS is a word list on purpose
+    "$PY" perf/matched_control.py --deployment "$DEPLOYMENT" --rate "${CONTROL_RATE:-0.6}" \
+        --num-requests "${CONTROL_N:-24}" --out-dir "$ctrl" ${CONTROL_ARGS:-}
+    local rc=$?
+    collect_control "$ctrl"
+    return $rc
+}
+
+# At most 8 files come back: keep control's two newest JSON/MD files plus a tarball of all.
+collect_control() {
+    local ctrl=$1
+    [[ -n "$(ls -A "$ctrl" 2>/dev/null)" ]] || return 0
+    tar czf "$OUT/control_all.tgz" -C "$ctrl" . && log "control: $(ls "$ctrl" | wc -l) entries -> control_all.tgz"
+    local f n=0
+    while IFS= read -r f; do
+        [[ -n "$f" ]] || continue
+        cp "$f" "$OUT/control_$(basename "$f" | tr -c 'A-Za-z0-9._\n-' '_')" && n=$((n + 1))
+        (( n >= 2 )) && break
+    done < <(find "$ctrl" -maxdepth 2 -type f \( -name '*.md' -o -name '*.json' \) -printf '%T@ %p\n' | sort -rn | cut -d' ' -f2-)
+}
+
+write_summary() {
+    "$PY" - "$OUT" "${RESULTS[@]}" > "$OUT/summary.md" <<'EOF'
+import json, sys
+from pathlib import Path
+out, results = Path(sys.argv[1]), sys.argv[2:]
+print("# GPU recipe summary\n")
+print("| stage | result |\n|---|---|")
+for r in results:
+    name, _, res = r.partition(": ")
+    print(f"| {name} | {res} |")
+def load(name):
+    try:
+        return json.loads((out / name).read_text())
+    except (OSError, ValueError):
+        return None
+b = load("build_info.json")
+if b:
+    print(f"\nModel: {b.get('reference')}; full_size={b.get('full_size')}, params={b.get('params')}, "
+          f"{b.get('size_bytes', 0) / 2**30:.1f} GiB, build times {b.get('times_s')}")
+r = load("raw_baseline.json")
+if r:
+    print(f"\n## Raw diffusers ({r.get('gpu')}, {r['dtype']}, {r['request']['height']}px, "
+          f"{r['request']['num_inference_steps']} steps, cfg {r['request']['guidance_scale']})\n")
+    print(f"Serial: mean {r['mean_ms']:.0f} ms, p50 {r['p50_ms']:.0f}, p90 {r['p90_ms']:.0f} "
+          f"over {r['runs']} runs; load {r['load_s']} s; peak mem {r.get('peak_memory_gib')} GiB\n")
+    comp = {c["batch_size"]: c for c in r.get("components", [])}
+    print("| B | ms/call | ms/image | img/s | T5 ms | fwd(2B) ms | VAE ms |\n|---|---|---|---|---|---|---|")
+    for row in r.get("batched", []):
+        c = comp.get(row["batch_size"], {})
+        print(f"| {row['batch_size']} | {row['mean_ms']:.0f} | {row['ms_per_image']:.0f} | {row['images_per_s']:.3f} "
+              f"| {c.get('encode_prompt_ms', float('nan')):.1f} | {c.get('transformer_forward_ms', float('nan')):.1f} "
+              f"| {c.get('vae_decode_ms', float('nan')):.1f} |")
+s = load("server_smoke.json")
+if s:
+    print(f"\n## Served smoke ({s.get('deployment')})\n")
+    print(f"ok={s.get('ok')}, start-up {s.get('startup_s')} s, GPU memory {s.get('gpu_memory_used')}")
+    for k in ("warmup", "solo"):
+        if k in s:
+            print(f"- {k}: {s[k]}")
+    if "concurrent" in s:
+        c = s["concurrent"]
+        print(f"- {c['n']} concurrent: wall {c['wall_ms']} ms; per request ms {[q.get('ms') for q in c['requests']]}")
+    if "error" in s:
+        print(f"- error: {s['error'][:500]}")
+ctrl = sorted(out.glob("control_*"))
+if ctrl:
+    print("\n## Matched control\n\nFiles: " + ", ".join(p.name for p in ctrl))
+EOF
+}
+
+main() {
+    local stages=("$@")
+    (( ${#stages[@]} )) || stages=(all)
+    local expanded=() s
+    for s in "${stages[@]}"; do
+        case "$s" in
+            all) expanded+=(env build baseline smoke control) ;;
+            env|build|baseline|smoke|control) expanded+=("$s") ;;
+            -h|--help) sed -n '2,33p' "$0"; return 0 ;;
+            *) echo "unknown stage: $s (env|build|baseline|smoke|control|all)"; return 2 ;;
+        esac
+    done
+    mkdir -p "$WORK"
+    log "stages: ${expanded[*]} (deadline ${DEADLINE_S}s)"
+    for s in "${expanded[@]}"; do
+        case "$s" in
+            env) run_timed env 10 stage_env || { log "env check failed: stopping"; break; } ;;
+            build) run_timed build 90 stage_build ;;
+            baseline) ensure_model && run_timed baseline 120 stage_baseline ;;
+            smoke) ensure_model && run_timed smoke 150 stage_smoke ;;
+            control) ensure_model && run_timed control 200 stage_control ;;
+        esac
+    done
+    [[ -f "$MODEL_DIR/build_info.json" && ! -f "$OUT/build_info.json" ]] && cp "$MODEL_DIR/build_info.json" "$OUT/"
+    write_summary
+    log "summary ($OUT/summary.md):"
+    cat "$OUT/summary.md"
+    log "files in OUT: $(ls "$OUT" | tr '\n' ' ')"
+    rm -rf "$WORK"
+    local r
+    for r in "${RESULTS[@]}"; do [[ "$r" == *": ok "* ]] || return 1; done
+    return 0
+}
+
+mkdir -p "$OUT"
+main "$@" 2>&1 | tee -a "$OUT/recipe.log"
+exit "${PIPESTATUS[0]}"

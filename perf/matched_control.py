@@ -1,0 +1,507 @@
+#!/usr/bin/env python
+"""Matched control: the same trace against one server per engine mode, compared.
+
+For each mode of `--modes` (default request_batch,step) this writes a deployment = the base
+deployment with `[engine] mode` replaced (same capacity, or `--capacity`), renders a model
+repository for it, starts tritonserver on it, replays the SAME arrivals with
+perf/loadgen.py, stops the server, and finally writes
+`perf/results/<date>-<machine>-matched-control.{md,json}`: hypothesis and success
+threshold first, then the exact command, the machine, a comparison table, a verdict and
+the raw loadgen report of every mode.
+
+    # CPU, tiny pipeline, committed trace (a few minutes on 2 cores)
+    python perf/matched_control.py --trace perf/traces/tiny_mixed_v1.jsonl --replays 3
+    # GPU host, full-size deployment, Poisson trace drawn on the fly (seeded)
+    python perf/matched_control.py --deployment configs/pixart-sigma-1024.toml \\
+        --rate 1.5 --num-requests 200 --sizes 1024 --steps 20 --cancel-rate 0.05 --cancel-delay 0.5:3
+
+Modes run one after the other, in the order given; every server is stopped (SIGINT, then
+SIGKILL of its process group) on every exit path.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import importlib.metadata
+import importlib.util
+import json
+import platform
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "backends"))
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+from ditserve.deployment import ENGINE_MODES, load_deployment  # noqa: E402
+from ditserve.launcher import ServerOptions, TritonServer  # noqa: E402
+
+
+def _load_loadgen():
+    spec = importlib.util.spec_from_file_location("ditserve_perf_loadgen", ROOT / "perf" / "loadgen.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+loadgen = _load_loadgen()
+DEFAULT_TRACE = "perf/traces/tiny_mixed_v1.jsonl"
+
+
+# ---- deployments -------------------------------------------------------------------------
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)  # a JSON string is a valid TOML basic string
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"cannot write {type(v).__name__} to TOML")
+
+
+def dump_toml(data: dict) -> str:
+    """Tables of scalars and lists (what a deployment holds); nested tables are not needed."""
+    lines = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
+    for name, table in data.items():
+        if isinstance(table, dict):
+            lines += ["", f"[{name}]"] + [f"{k} = {_toml_value(v)}" for k, v in table.items()]
+    return "\n".join(lines).lstrip() + "\n"
+
+
+def write_mode_deployment(base: Path, mode: str, capacity: int | None, out: Path) -> tuple[Path, int]:
+    """The base deployment with [engine] mode (and capacity) replaced; returns (path, capacity)."""
+    if mode not in ENGINE_MODES:
+        raise SystemExit(f"unknown mode {mode!r}; choose from {ENGINE_MODES}")
+    data = tomllib.loads(base.read_text())
+    engine = dict(data.get("engine", {}))
+    engine["mode"] = mode
+    cap = capacity if capacity is not None else int(engine.get("capacity", 1))
+    engine["capacity"] = 1 if mode == "serial" else cap
+    data["engine"] = engine
+    out.write_text(f"# {mode} variant of {base.relative_to(ROOT) if base.is_relative_to(ROOT) else base} "
+                   f"(written by perf/matched_control.py)\n" + dump_toml(data))
+    load_deployment(out)  # fail early on anything the server would reject
+    return out, engine["capacity"]
+
+
+def render_repository(deployment: Path, out: Path) -> None:
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "render_repository.py"), "--deployment", str(deployment),
+                    "--out", str(out)], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+# ---- machine -----------------------------------------------------------------------------
+
+def _sh(cmd: str) -> str:
+    try:
+        return subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=20).stdout.strip()
+    except Exception as exc:  # noqa: BLE001
+        return f"({exc})"
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def machine_info(server_version: str | None) -> dict:
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    gpu = _sh("nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null") \
+        if shutil.which("nvidia-smi") else ""
+    return {
+        "uname": " ".join(platform.uname()),
+        "nproc": _sh("nproc"),
+        "cpu": cpu,
+        "gpu": gpu or "none",
+        "python": platform.python_version(),
+        "torch": _version("torch"),
+        "diffusers": _version("diffusers"),
+        "transformers": _version("transformers"),
+        "tritonclient": _version("tritonclient"),
+        "tritonserver": server_version or "unknown",
+        "git": _sh(f"git -C {ROOT} rev-parse --short HEAD") + (" (dirty)" if _sh(f"git -C {ROOT} status --porcelain") else ""),
+        "load_average": _sh("cat /proc/loadavg"),
+    }
+
+
+def machine_label(info: dict) -> str:
+    if info["gpu"] == "none":
+        return "cpu"
+    name = info["gpu"].splitlines()[0].split(",")[0].lower().replace("nvidia", "")
+    return "gpu-" + (re.sub(r"[^a-z0-9]+", "-", name).strip("-") or "unknown")
+
+
+def _server_version(url: str) -> str | None:
+    try:
+        import tritonclient.grpc as grpcclient
+
+        meta = grpcclient.InferenceServerClient(url).get_server_metadata()
+        return f"{meta.name} {meta.version}"
+    except Exception:  # noqa: BLE001
+        return None
+
+
+# ---- one mode ----------------------------------------------------------------------------
+
+def run_mode(mode: str, args, entries: list[dict], source: str, work: Path) -> dict:
+    deployment, capacity = write_mode_deployment(Path(args.deployment).resolve(), mode, args.capacity,
+                                                 work / f"deployment-{mode}.toml")
+    repo = work / f"repository-{mode}"
+    render_repository(deployment, repo)
+    http, grpc_port, metrics = free_ports(3)
+    server = TritonServer(ServerOptions(model_repository=repo, http_port=http, grpc_port=grpc_port,
+                                        metrics_port=metrics, deployment=str(deployment)),
+                          log_path=work / f"server-{mode}.log")
+    print(f"[matched_control] {mode}: starting tritonserver (capacity {capacity}, log {server.log_path})",
+          file=sys.stderr, flush=True)
+    t = time.monotonic()
+    server.start()
+    try:
+        server.wait_ready(timeout_s=args.server_timeout)
+        ready_s = time.monotonic() - t
+        version = _server_version(server.grpc_url)
+        cfg = loadgen.LoadgenConfig(
+            url=server.grpc_url, entries=entries, source=source, metrics_url=server.metrics_url,
+            max_concurrency=args.max_concurrency, warmup=args.warmup, slo_scale=args.slo_scale,
+            solo_repeats=args.solo_repeats, measure_solo=args.slo_scale > 0, server_pid=server.process.pid,
+            timeout_s=args.request_timeout, speedup=args.speedup, replays=args.replays)
+        report = asyncio.run(loadgen.run(cfg))
+        print(f"[matched_control] {mode}:\n{loadgen.format_summary(report)}", file=sys.stderr, flush=True)
+    finally:
+        t_stop = time.monotonic()
+        server.stop()
+        stop_s = time.monotonic() - t_stop
+    log = Path(server.log_path).read_text(errors="replace").splitlines() if server.log_path else []
+    harmless = re.compile(r"CudaDriverHelper|NVML|DCGM|pinned memory|Exit timeout expired")
+    problems = [ln for ln in log if (re.match(r"^E\d{4} ", ln) or "Traceback" in ln) and not harmless.search(ln)]
+    report.update(mode=mode, capacity=capacity, server_ready_s=round(ready_s, 1), server_stop_s=round(stop_s, 1),
+                  server_version=version, server_log_errors=problems[:20],
+                  deployment_toml=deployment.read_text())
+    return report
+
+
+# ---- comparison --------------------------------------------------------------------------
+
+ROWS = (  # (key, label, digits)
+    ("offered_request_rate", "offered req/s", 2),
+    ("request_throughput", "achieved req/s (request_throughput)", 2),
+    ("completed_requests", "completed", 0),
+    ("cancelled_requests", "cancelled (client)", 0),
+    ("failed_requests", "failed", 0),
+    ("lost", "lost (no terminal)", 0),
+    ("duplicated", "duplicated (>1 terminal)", 0),
+    ("mean_e2el_ms", "e2el mean ms", 1),
+    ("p50_e2el_ms", "e2el p50 ms", 1),
+    ("p95_e2el_ms", "e2el p95 ms", 1),
+    ("p99_e2el_ms", "e2el p99 ms", 1),
+    ("mean_ttfs_ms", "TTFS mean ms (client)", 1),
+    ("p50_ttfs_ms", "TTFS p50 ms (client)", 1),
+    ("p99_ttfs_ms", "TTFS p99 ms (client)", 1),
+    ("server_mean_ttfs_ms", "TTFS mean ms (server, from model arrival)", 1),
+    ("slo_attainment_rate", "SLO attainment", 3),
+    ("mean_step_batch_size", "mean step batch size (dit)", 2),
+    ("step_batches", "dit forwards", 0),
+    ("stage_mean_ms.encode", "encode mean ms", 1),
+    ("stage_mean_ms.denoise", "denoise mean ms", 1),
+    ("stage_mean_ms.decode", "decode mean ms", 1),
+    ("server_rss_mb_peak", "server RSS peak MB (all processes)", 0),
+    ("gpu_memory_used_mb_peak_total", "GPU memory used peak MB", 0),
+)
+
+
+def _get(report: dict, key: str):
+    value = report
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+def _fmt(v, digits: int) -> str:
+    if v is None:
+        return "n/a"
+    if isinstance(v, float) or digits:
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def comparison_table(reports: dict[str, dict], ref: str | None, alt: str | None) -> str:
+    modes = list(reports)
+    head = "| metric | " + " | ".join(modes) + (f" | {alt} / {ref} |" if ref and alt else " |")
+    lines = [head, "|---" * (len(modes) + 1 + (1 if ref and alt else 0)) + "|"]
+    for key, label, digits in ROWS:
+        vals = [_get(reports[m], key) for m in modes]
+        if all(v is None for v in vals):
+            continue
+        row = f"| {label} | " + " | ".join(_fmt(v, digits) for v in vals)
+        if ref and alt:
+            a, b = _get(reports[alt], key), _get(reports[ref], key)
+            row += " | " + (f"{a / b:.2f}" if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else "")
+        lines.append(row + " |")
+    return "\n".join(lines)
+
+
+def verdict(reports: dict[str, dict], args) -> dict:
+    ref, alt = "request_batch", "step"
+    out: dict = {"checks": {}, "success": None}
+    if ref not in reports or alt not in reports:
+        out["text"] = "No verdict: the hypothesis compares request_batch with step; run both modes."
+        return out
+    r, s = reports[ref], reports[alt]
+
+    def ratio(key):
+        a, b = s.get(key), r.get(key)
+        return a / b if a is not None and b else None
+
+    p99, p50, ttfs = ratio("p99_e2el_ms"), ratio("p50_e2el_ms"), ratio("p50_ttfs_ms")
+    thr = ratio("request_throughput")
+    checks = {
+        f"step p99 <= {args.p99_ratio} x request p99": (p99, p99 is not None and p99 <= args.p99_ratio),
+        "step p50 < request p50": (p50, p50 is not None and p50 < 1.0),
+        f"step TTFS p50 <= {args.ttfs_ratio} x request's": (ttfs, ttfs is not None and ttfs <= args.ttfs_ratio),
+        f"throughput within {args.throughput_tolerance:.0%}": (thr, thr is not None and abs(thr - 1) <= args.throughput_tolerance),
+        "lost == duplicated == 0 in both": (None, all(x.get("lost") == 0 and x.get("duplicated") == 0 for x in (r, s))),
+    }
+    out["checks"] = {k: {"ratio": None if v is None else round(v, 3), "pass": ok} for k, (v, ok) in checks.items()}
+    out["success"] = all(ok for _, ok in checks.values())
+    failed = [k for k, (_, ok) in checks.items() if not ok]
+    slo_r, slo_s = r.get("slo_attainment_rate"), s.get("slo_attainment_rate")
+    slo = (f" SLO attainment ({args.slo_scale:g}x solo): step {_fmt(slo_s, 3)} vs request_batch {_fmt(slo_r, 3)}."
+           if slo_r is not None and slo_s is not None else "")
+    if out["success"]:
+        text = (f"Hypothesis supported on this workload: step mode cut p99 latency to {p99:.2f}x and p50 TTFS to "
+                f"{ttfs:.2f}x of request mode at equal throughput ({thr:.2f}x).{slo} Recommend `mode = \"step\"` for "
+                "streaming/interactive traffic with Poisson-like arrivals near saturation; keep request_batch as the "
+                "control.")
+    else:
+        text = (f"Hypothesis NOT supported on this workload (failed: {'; '.join(failed)}). Ratios step/request: "
+                f"p99 {_fmt(p99, 2)}, p50 {_fmt(p50, 2)}, TTFS p50 {_fmt(ttfs, 2)}, throughput {_fmt(thr, 2)}.{slo} ")
+        if thr is not None and abs(thr - 1) > args.throughput_tolerance:
+            text += "Throughputs differ, so the latencies are not compared at equal load. "
+        if ttfs is not None and ttfs <= args.ttfs_ratio:
+            text += ("Step mode still starts generations sooner (TTFS), which is what progress-streaming clients "
+                     "see first; recommend it only for workloads where that matters and tails are acceptable. ")
+        text += ("Per DESIGN.md, keep request_batch as the default for this workload until a matched run shows step "
+                 "mode winning.")
+    out["text"] = text
+    return out
+
+
+# ---- write-up ----------------------------------------------------------------------------
+
+def fence(text: str, lang: str = "") -> str:
+    return f"```{lang}\n{text.rstrip()}\n```"
+
+
+def write_results(args, command: str, info: dict, reports: dict[str, dict], entries: list[dict], source: str,
+                  wall_s: float) -> tuple[Path, Path]:
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    label = args.machine or machine_label(info)
+    stem = out_dir / f"{dt.date.today().isoformat()}-{label}-matched-control"
+    v = verdict(reports, args)
+    hypothesis = (f"H: step mode lowers p50 and p99 latency and time to first step (TTFS) vs request mode at equal "
+                  f"throughput, under the same Poisson arrivals near saturation. Success: step p99 <= "
+                  f"{args.p99_ratio} x request p99, step p50 < request p50, step TTFS p50 <= {args.ttfs_ratio} x "
+                  f"request's, achieved throughput within {args.throughput_tolerance:.0%}, and lost == duplicated == 0 "
+                  f"in both modes.")
+    payload = {"hypothesis": hypothesis, "command": command, "machine": info, "source": source,
+               "deployment_base": str(args.deployment), "modes": list(reports), "replays": args.replays,
+               "wall_s": round(wall_s, 1), "verdict": v, "reports": reports, "trace": entries}
+    json_path = stem.with_suffix(".json")
+    json_path.write_text(json.dumps(payload, indent=2) + "\n")
+
+    shapes = sorted({loadgen.shape_key(e) for e in entries})
+    t_span = max(e["t"] for e in entries) - min(e["t"] for e in entries)
+    cancels = sum(1 for e in entries if "cancel_after_s" in e)
+    checks = "\n".join(f"| {k} | {_fmt(c['ratio'], 3)} | {'pass' if c['pass'] else 'FAIL'} |" for k, c in v["checks"].items())
+    first = next(iter(reports.values()))
+    solo_rows = "\n".join(
+        f"| {shape} | " + " | ".join(_fmt(reports[m].get("solo_latency_ms", {}).get(shape), 1) for m in reports) + " |"
+        for shape in shapes)
+    modes_hdr = " | ".join(reports)
+    replay_note = ""
+    if args.replays > 1:
+        rows = []
+        for m, rep in reports.items():
+            for i, pr in enumerate(rep.get("per_replay", []), 1):
+                rows.append(f"| {m} | {i} | {_fmt(pr['request_throughput'], 2)} | {_fmt(pr['p50_e2el_ms'], 1)} | "
+                            f"{_fmt(pr['p99_e2el_ms'], 1)} | {_fmt(pr['p50_ttfs_ms'], 1)} | {_fmt(pr['slo_attainment_rate'], 3)} |")
+        replay_note = ("\nPer replay (the table above pools them; the spread here is the run-to-run noise):\n\n"
+                       "| mode | replay | req/s | p50 ms | p99 ms | TTFS p50 ms | SLO |\n|---|---|---|---|---|---|---|\n"
+                       + "\n".join(rows) + "\n")
+    md = f"""# Matched control: request_batch vs step — {dt.date.today().isoformat()} ({label})
+
+## Hypothesis and success threshold (stated before the run)
+{hypothesis}
+
+## Verdict
+**{'SUCCESS' if v['success'] else ('FAIL' if v['success'] is False else 'n/a')}.** {v['text']}
+
+| check | step / request | result |
+|---|---|---|
+{checks}
+
+{"**CPU: absolute times are not meaningful** (tiny random-weight pipeline on a shared host); read the ratios." if info['gpu'] == 'none' else ''}
+
+## Reproduce
+{fence(command, 'bash')}
+Workload: {source}; {len(entries)} requests over {t_span:.2f} s of arrivals (offered {_fmt(first.get('offered_request_rate'), 2)} req/s),
+{len(shapes)} distinct shapes, {cancels} with a client cancel (`cancel_after_s`). Each mode: its own server (deployment =
+`{args.deployment}` with `[engine] mode` replaced, capacity {first.get('capacity')}), warm-up {args.warmup} requests,
+solo latency of every shape ({args.solo_repeats} runs each, median), then the trace replayed {args.replays} time(s)
+back to back (statistics pooled). SLO = {args.slo_scale:g} x the solo latency of the request's shape measured on the
+same server. Total wall time {wall_s:.0f} s.
+
+## Machine
+- uname: {info['uname']}
+- nproc: {info['nproc']}; CPU: {info['cpu']}; GPU: {info['gpu']}
+- Python {info['python']}; torch {info['torch']}; diffusers {info['diffusers']}; transformers {info['transformers']};
+  tritonclient {info['tritonclient']}; server {info['tritonserver']}
+- git {info['git']}; load average at write-up: {info['load_average']}
+
+## Comparison
+{comparison_table(reports, 'request_batch' if 'request_batch' in reports else None, 'step' if 'step' in reports else None)}
+{replay_note}
+Solo latency per shape (ms, one request alone on the same server):
+
+| shape | {modes_hdr} |
+|---{'|---' * len(reports)}|
+{solo_rows}
+
+Definitions: e2el = client send to the final (image) response; TTFS = client send to the first `progress`
+response (completed requests only); server TTFS = `ditserve_time_to_first_step_seconds` (from the public model's
+`execute`, so it excludes waiting for a free public instance); step batch size and stage means are diffs of the
+server's histograms over the measured replays. Names: vLLM-Omni's diffusion benchmark (`throughput_qps`,
+`latency_*` in s, `slo_attainment_rate`) and vLLM's benchmark_serving (`request_throughput`, `*_e2el_ms`).
+
+## Raw loadgen report per mode
+"""
+    for m, rep in reports.items():
+        raw = {k: val for k, val in rep.items() if k != "deployment_toml"}
+        md += f"\n### {m}\nDeployment used:\n{fence(rep.get('deployment_toml', ''), 'toml')}\n{fence(json.dumps(raw, indent=2), 'json')}\n"
+    md_path = stem.with_suffix(".md")
+    md_path.write_text(md)
+    return md_path, json_path
+
+
+# ---- command line ------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--deployment", default="configs/tiny-pixart-sigma.toml", help="base deployment TOML")
+    p.add_argument("--modes", default="request_batch,step", help="comma-separated engine modes, run in this order")
+    p.add_argument("--capacity", type=int, default=None, help="override [engine] capacity (default: the base's)")
+    src = p.add_argument_group("arrivals (default: --trace perf/traces/tiny_mixed_v1.jsonl)")
+    src.add_argument("--trace")
+    src.add_argument("--rate", type=float, help="draw a Poisson trace at this rate instead (seeded, see loadgen.py)")
+    src.add_argument("--num-requests", type=int, default=None)
+    src.add_argument("--sizes", default="1024", help="with --rate: sizes to mix (default 1024)")
+    src.add_argument("--steps", default="20", help="with --rate: step counts to mix (default 20)")
+    src.add_argument("--guidance", default="4.5")
+    src.add_argument("--seed", type=int, default=0)
+    src.add_argument("--cancel-rate", type=float, default=0.0)
+    src.add_argument("--cancel-delay", default="0.05:0.5")
+    src.add_argument("--speedup", type=float, default=1.0)
+    lg = p.add_argument_group("load generator")
+    lg.add_argument("--replays", type=int, default=1, help="replay the trace this many times per mode, pooled")
+    lg.add_argument("--warmup", type=int, default=4)
+    lg.add_argument("--slo-scale", type=float, default=3.0)
+    lg.add_argument("--solo-repeats", type=int, default=3)
+    lg.add_argument("--max-concurrency", type=int, default=None)
+    lg.add_argument("--request-timeout", type=float, default=600.0)
+    th = p.add_argument_group("success threshold")
+    th.add_argument("--p99-ratio", type=float, default=0.9)
+    th.add_argument("--ttfs-ratio", type=float, default=0.5)
+    th.add_argument("--throughput-tolerance", type=float, default=0.05)
+    out = p.add_argument_group("output")
+    out.add_argument("--out-dir", default=str(ROOT / "perf" / "results"))
+    out.add_argument("--machine", default=None, help="label in the file name (default: cpu or gpu-<name>)")
+    out.add_argument("--server-timeout", type=float, default=600.0, help="readiness wait per server, s")
+    out.add_argument("--keep-workdir", action="store_true", help="keep rendered repositories and server logs")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    command = " ".join(shlex.quote(a) for a in ["python", "perf/matched_control.py", *argv])
+    if args.rate is None and not args.trace:
+        args.trace = DEFAULT_TRACE
+    if args.trace and not Path(args.trace).is_absolute():
+        args.trace = str(ROOT / args.trace) if not Path(args.trace).exists() else args.trace
+    lg_args = argparse.Namespace(trace=args.trace if args.rate is None else None, rate=args.rate,
+                                 num_requests=args.num_requests, sizes=args.sizes, steps=args.steps,
+                                 guidance=args.guidance, prompts_file=None, seed=args.seed,
+                                 cancel_rate=args.cancel_rate, cancel_delay=args.cancel_delay)
+    entries, source = loadgen.entries_from_args(lg_args)
+    if args.trace and args.rate is None:
+        source = source.replace(str(ROOT) + "/", "")
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+
+    # SIGTERM/SIGHUP end the run like Ctrl-C, so the `finally` blocks stop the servers.
+    def _interrupt(signum, _frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
+
+    work = Path(tempfile.mkdtemp(prefix="matched_control."))
+    t0 = time.monotonic()
+    reports: dict[str, dict] = {}
+    ok = False
+    try:
+        for mode in modes:
+            reports[mode] = run_mode(mode, args, entries, source, work)
+        ok = True
+    finally:
+        if args.keep_workdir or not ok:
+            print(f"[matched_control] scratch kept in {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    info = machine_info(next((r.get("server_version") for r in reports.values() if r.get("server_version")), None))
+    md, js = write_results(args, command, info, reports, entries, source, time.monotonic() - t0)
+    v = verdict(reports, args)
+    print(f"[matched_control] verdict: {v['text']}", file=sys.stderr)
+    print(f"[matched_control] wrote {md.relative_to(ROOT) if md.is_relative_to(ROOT) else md} and {js.name}",
+          file=sys.stderr)
+    clean = all(r.get("lost") == 0 and r.get("duplicated") == 0 for r in reports.values())
+    return 0 if clean else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
