@@ -22,7 +22,7 @@
 # server log tails included), build_info.json, raw_baseline.json, server_smoke.json,
 # summary.md, control_all.tgz and up to two control_*.json/md.
 #
-# Env knobs: RECIPE_DEADLINE_S (default 540: stages that would start too late are skipped,
+# Env knobs: RECIPE_DEADLINE_S (default 530: stages that would start too late are skipped,
 # running ones are stopped with SIGINT so their partial output is kept; leaves room for
 # `source .gpu/env.sh` inside the device's 600 s), PYTHON (default python3),
 # BASELINE_RUNS (5), BASELINE_WARMUP (1), BASELINE_BATCHES (1,2,4,8), BASELINE_BATCH_RUNS (2),
@@ -34,9 +34,14 @@ REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO_ROOT"
 OUT="${OUT:-$REPO_ROOT/outputs/gpu_recipe}"
 PY="${PYTHON:-python3}"
-DEADLINE_S="${RECIPE_DEADLINE_S:-540}"
-DEPLOYMENT="configs/pixart-sigma-1024-random.toml"
-MODEL_DIR="models/pixart-sigma-1024-random"
+DEADLINE_S="${RECIPE_DEADLINE_S:-530}"
+# RECIPE_* overrides exist for a CPU dry run of the plumbing with a reduced model; the GPU
+# run uses none of them.
+DEPLOYMENT="${RECIPE_DEPLOYMENT:-configs/pixart-sigma-1024-random.toml}"
+MODEL_DIR="${RECIPE_MODEL_DIR:-models/pixart-sigma-1024-random}"
+DEVICE="${RECIPE_DEVICE:-cuda}"
+SIZE="${RECIPE_SIZE:-1024}"
+STEPS="${RECIPE_STEPS:-20}"
 WORK="${TMPDIR:-/tmp}/gpu_recipe.$$"
 START_EPOCH=$(date +%s)
 declare -a RESULTS=()
@@ -44,10 +49,11 @@ declare -a RESULTS=()
 log() { echo "[gpu_recipe +$(( $(date +%s) - START_EPOCH ))s] $*"; }
 remaining() { echo $(( DEADLINE_S - ($(date +%s) - START_EPOCH) )); }
 
-# run_timed NAME MIN_S CMD...: skip when fewer than MIN_S seconds remain; otherwise run CMD
-# under `timeout` (SIGINT first, so Python's finally blocks stop servers and write files).
+# run_timed NAME MIN_S FUNCTION: skip when fewer than MIN_S seconds remain; otherwise run the
+# stage function in a child bash under `timeout` (SIGINT to its process group first, so
+# Python's finally blocks stop servers and write their files).
 run_timed() {
-    local name=$1 min_s=$2; shift 2
+    local name=$1 min_s=$2 fn=$3
     local left; left=$(remaining)
     if (( left < min_s )); then
         log "SKIP $name: ${left}s left of RECIPE_DEADLINE_S=${DEADLINE_S}, needs ~${min_s}s; run it in its own call: bash perf/gpu_recipe.sh $name"
@@ -56,7 +62,7 @@ run_timed() {
     fi
     log "BEGIN $name (${left}s left)"
     local t0=$(date +%s) rc
-    timeout --signal=INT --kill-after=30 "$(( left - 5 ))" "$@"
+    timeout --signal=INT --kill-after=20 "$(( left - 5 ))" bash -o pipefail -c "$fn"
     rc=$?
     local dt=$(( $(date +%s) - t0 ))
     if (( rc == 0 )); then RESULTS+=("$name: ok (${dt}s)"); log "END $name: ok in ${dt}s"
@@ -75,16 +81,17 @@ stage_env() {
     df -h "$REPO_ROOT" /tmp 2>&1 | sed 's/^/  /'
     echo "cores: $(nproc)  mem: $(free -g 2>/dev/null | awk '/Mem:/{print $2" GiB"}')"
     "$PY" - <<'EOF'
-import importlib, sys
-ok = True
+import importlib, os, sys
+ok = True  # False only when build/baseline cannot run at all; server-side gaps are warnings
 for name in ("torch", "numpy", "diffusers", "transformers", "tokenizers", "safetensors", "huggingface_hub",
              "tritonclient", "PIL", "tqdm", "accelerate", "sentencepiece"):
     try:
         mod = importlib.import_module(name)
         print(f"  {name:16s} {getattr(mod, '__version__', '?')}")
-    except Exception as exc:  # report every missing one, then fail
-        print(f"  {name:16s} MISSING ({type(exc).__name__}: {exc})")
-        ok &= name in ("accelerate", "sentencepiece", "tqdm")
+    except Exception as exc:  # report every missing one
+        core = name in ("torch", "numpy", "diffusers", "transformers", "tokenizers", "safetensors", "huggingface_hub")
+        print(f"  {name:16s} MISSING ({type(exc).__name__}: {exc}){'' if core else ' - smoke/control will fail'}")
+        ok &= not core
 import numpy, torch
 print(f"  python {sys.version.split()[0]} at {sys.executable}; cuda available: {torch.cuda.is_available()}")
 if int(numpy.__version__.split(".")[0]) >= 2:
@@ -96,37 +103,43 @@ try:  # the offline tokenizer needs transformers 5's T5Tokenizer(vocab=...)
 except Exception as exc:
     print(f"  T5Tokenizer(vocab=...) FAILED: {exc}")
     ok = False
-sys.exit(0 if ok and torch.cuda.is_available() else 1)
+sys.exit(0 if ok and (torch.cuda.is_available() or not os.environ.get("DEVICE", "cuda").startswith("cuda")) else 1)
 EOF
-    [[ -n "${TRITONSERVER:-}" && -x "${TRITONSERVER:-}" ]] || { echo "  TRITONSERVER not set or not executable: source .gpu/env.sh first"; return 1; }
+    local rc=$?
+    [[ -n "${TRITONSERVER:-}" && -x "${TRITONSERVER:-}" ]] \
+        || echo "  WARNING: TRITONSERVER not set or not executable (source .gpu/env.sh first): smoke/control will fail"
+    return $rc
 }
 
 stage_build() {
-    "$PY" scripts/build_full_size_random.py --out "$MODEL_DIR" --if-missing || return $?
+    "$PY" scripts/build_full_size_random.py --out "$MODEL_DIR" --device "$DEVICE" --if-missing || return $?
     cp "$MODEL_DIR/build_info.json" "$OUT/build_info.json"
 }
 
-ensure_model() {
+ensure_model() {  # ensure_model STAGE
     if model_ready; then return 0; fi
-    log "model missing at $MODEL_DIR: building it first"
-    run_timed build 90 stage_build
+    log "model missing at $MODEL_DIR: building it before $1"
+    run_timed build 90 stage_build && model_ready && return 0
+    RESULTS+=("$1: NOT RUN (no model)")
+    return 1
 }
 
 stage_baseline() {
-    "$PY" perf/raw_gpu_baseline.py --model "$MODEL_DIR" --device cuda --dtype bfloat16 \
-        --height 1024 --width 1024 --steps 20 --guidance-scale 4.5 \
+    "$PY" perf/raw_gpu_baseline.py --model "$MODEL_DIR" --device "$DEVICE" --dtype bfloat16 \
+        --height "$SIZE" --width "$SIZE" --steps "$STEPS" --guidance-scale 4.5 \
         --warmup "${BASELINE_WARMUP:-1}" --runs "${BASELINE_RUNS:-5}" \
         --batch-sizes "${BASELINE_BATCHES:-1,2,4,8}" --batch-runs "${BASELINE_BATCH_RUNS:-2}" \
         --out "$OUT/raw_baseline.json" > "$WORK/raw_baseline.stdout"
 }
 
 stage_smoke() {
-    "$PY" - "$DEPLOYMENT" "$WORK" "$OUT/server_smoke.json" "${SMOKE_CONCURRENT:-4}" <<'EOF'
+    "$PY" - "$DEPLOYMENT" "$WORK" "$OUT/server_smoke.json" "${SMOKE_CONCURRENT:-4}" "$SIZE" "$STEPS" <<'EOF'
 """Serve the full-size deployment once: start-up time, one solo and N concurrent 1024px requests."""
 import json, socket, subprocess, sys, threading, time, urllib.request
 from pathlib import Path
 
 deployment, work, out_path, n_conc = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])
+size, steps = int(sys.argv[5]), int(sys.argv[6])
 sys.path.insert(0, "backends")
 from ditserve.launcher import ServerOptions, TritonServer  # noqa: E402
 from ditserve.client import DitClient, GenerationRequest  # noqa: E402
@@ -149,7 +162,7 @@ def one(seed, record):
     try:
         with DitClient(server.grpc_url, protocol="grpc-stream") as client:
             res = client.generate(GenerationRequest("a red fox sitting in the snow, watercolor", seed=seed,
-                                                    height=1024, width=1024, num_inference_steps=20,
+                                                    height=size, width=size, num_inference_steps=steps,
                                                     guidance_scale=4.5), timeout_s=240)
         record.update(ms=round((time.perf_counter() - t0) * 1000, 1), shape=list(res.image.shape),
                       steps_reported=res.steps_reported, mean=round(float(res.image.mean()), 2))
@@ -163,8 +176,13 @@ try:
     server.wait_ready(timeout_s=420)
     report["startup_s"] = round(time.perf_counter() - t0, 1)
     print(f"[smoke] server ready in {report['startup_s']}s", flush=True)
-    report["gpu_memory_used"] = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader"],
-                                               capture_output=True, text=True).stdout.strip()
+    def gpu_memory():
+        try:
+            return subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader"],
+                                  capture_output=True, text=True, timeout=20).stdout.strip()
+        except (OSError, subprocess.SubprocessError) as exc:
+            return f"n/a ({exc})"
+    report["gpu_memory_used"] = gpu_memory()
     report["warmup"] = one(0, {})
     print(f"[smoke] warm-up {report['warmup']}", flush=True)
     report["solo"] = one(1, {})
@@ -177,6 +195,7 @@ try:
     for t in threads:
         t.join()
     report["concurrent"] = {"n": n_conc, "wall_ms": round((time.perf_counter() - t1) * 1000, 1), "requests": records}
+    report["gpu_memory_used_after"] = gpu_memory()
     print(f"[smoke] concurrent {report['concurrent']}", flush=True)
     try:
         text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
@@ -185,7 +204,7 @@ try:
     except OSError as exc:
         report["metrics"] = f"unavailable: {exc}"
     runs = [report["warmup"], report["solo"], *records]
-    report["ok"] = all("error" not in r and r.get("shape") == [1024, 1024, 3] for r in runs)
+    report["ok"] = all("error" not in r and r.get("shape") == [size, size, 3] for r in runs)
 except BaseException as exc:  # timeout's SIGINT too: keep the partial report
     report["error"] = f"{type(exc).__name__}: {exc}"[-3000:]
 finally:
@@ -196,28 +215,37 @@ sys.exit(0 if report["ok"] else 1)
 EOF
 }
 
+# perf/matched_control.py: request_batch then step mode, each its own server on the same
+# seeded Poisson trace (1024px, 20 steps); writes <date>-gpu-h200-matched-control.{md,json}.
 stage_control() {
     local ctrl="$WORK/control"
     mkdir -p "$ctrl"
     if [[ ! -f perf/matched_control.py ]]; then
-        # >>> EXPECTED CALL (perf/matched_control.py not in this checkout yet) <<<
-        echo "perf/matched_control.py is missing: nothing to run. Expected call:"
-        echo "  $PY perf/matched_control.py --deployment $DEPLOYMENT --rate ${CONTROL_RATE:-0.6} --num-requests ${CONTROL_N:-24} --out-dir <dir> ${CONTROL_ARGS:-}"
+        echo "perf/matched_control.py is missing in this checkout: nothing to run"
         return 3
     fi
     # shellcheck disable=SC2086  # CONTROL_ARGS is a word list on purpose
-    "$PY" perf/matched_control.py --deployment "$DEPLOYMENT" --rate "${CONTROL_RATE:-0.6}" \
-        --num-requests "${CONTROL_N:-24}" --out-dir "$ctrl" ${CONTROL_ARGS:-}
-    local rc=$?
+    "$PY" perf/matched_control.py --deployment "$DEPLOYMENT" --modes request_batch,step \
+        --rate "${CONTROL_RATE:-0.6}" --num-requests "${CONTROL_N:-24}" --sizes "$SIZE" --steps "$STEPS" \
+        --server-timeout 300 --out-dir "$ctrl" ${CONTROL_ARGS:-}
+    local rc=$? f
+    if (( rc != 0 )); then  # its scratch (server logs) is kept on failure: show their tails
+        for f in $(ls -t "${TMPDIR:-/tmp}"/matched_control.*/server-*.log 2>/dev/null | head -2); do
+            echo "----- tail of $f"; tail -40 "$f"
+        done
+    fi
     collect_control "$ctrl"
     return $rc
 }
 
-# At most 8 files come back: keep control's two newest JSON/MD files plus a tarball of all.
+# At most 8 files come back: control's two newest JSON/MD files (plus a tarball when it
+# wrote more than those).
 collect_control() {
     local ctrl=$1
     [[ -n "$(ls -A "$ctrl" 2>/dev/null)" ]] || return 0
-    tar czf "$OUT/control_all.tgz" -C "$ctrl" . && log "control: $(ls "$ctrl" | wc -l) entries -> control_all.tgz"
+    if (( $(find "$ctrl" -type f | wc -l) > 2 )); then
+        tar czf "$OUT/control_all.tgz" -C "$ctrl" . && log "control: $(find "$ctrl" -type f | wc -l) files -> control_all.tgz"
+    fi
     local f n=0
     while IFS= read -r f; do
         [[ -n "$f" ]] || continue
@@ -273,6 +301,17 @@ if s:
 ctrl = sorted(out.glob("control_*"))
 if ctrl:
     print("\n## Matched control\n\nFiles: " + ", ".join(p.name for p in ctrl))
+    for path in out.glob("control_*.json"):
+        c = load(path.name) or {}
+        v = c.get("verdict") or {}
+        if v:
+            print(f"\nVerdict: success={v.get('success')}. {v.get('text', '')}\n")
+            for name, check in (v.get("checks") or {}).items():
+                print(f"- {name}: ratio {check.get('ratio')} -> {'pass' if check.get('pass') else 'FAIL'}")
+        for mode, rep in (c.get("reports") or {}).items():
+            keys = ("offered_request_rate", "request_throughput", "completed_requests", "failed_requests",
+                    "p50_e2el_ms", "p99_e2el_ms", "p50_ttfs_ms", "mean_step_batch_size", "server_ready_s")
+            print(f"- {mode}: " + ", ".join(f"{k}={rep.get(k)}" for k in keys))
 EOF
 }
 
@@ -284,19 +323,21 @@ main() {
         case "$s" in
             all) expanded+=(env build baseline smoke control) ;;
             env|build|baseline|smoke|control) expanded+=("$s") ;;
-            -h|--help) sed -n '2,33p' "$0"; return 0 ;;
+            -h|--help) awk 'NR > 1 && /^#/ {print; next} NR > 1 {exit}' "$0"; return 0 ;;
             *) echo "unknown stage: $s (env|build|baseline|smoke|control|all)"; return 2 ;;
         esac
     done
     mkdir -p "$WORK"
+    export REPO_ROOT PY OUT DEADLINE_S DEPLOYMENT MODEL_DIR DEVICE SIZE STEPS WORK START_EPOCH
+    export -f log remaining model_ready stage_env stage_build stage_baseline stage_smoke stage_control collect_control
     log "stages: ${expanded[*]} (deadline ${DEADLINE_S}s)"
     for s in "${expanded[@]}"; do
         case "$s" in
-            env) run_timed env 10 stage_env || { log "env check failed: stopping"; break; } ;;
+            env) run_timed env 10 stage_env || { log "env check failed: stopping (torch/CUDA/diffusers/transformers)"; break; } ;;
             build) run_timed build 90 stage_build ;;
-            baseline) ensure_model && run_timed baseline 120 stage_baseline ;;
-            smoke) ensure_model && run_timed smoke 150 stage_smoke ;;
-            control) ensure_model && run_timed control 200 stage_control ;;
+            baseline) ensure_model baseline && run_timed baseline 120 stage_baseline ;;
+            smoke) ensure_model smoke && run_timed smoke 150 stage_smoke ;;
+            control) ensure_model control && run_timed control 200 stage_control ;;
         esac
     done
     [[ -f "$MODEL_DIR/build_info.json" && ! -f "$OUT/build_info.json" ]] && cp "$MODEL_DIR/build_info.json" "$OUT/"

@@ -264,7 +264,7 @@ async def one_request(client, entry: dict, rec: Record, t0: float, timeout_s: fl
                     terminal("failed", "final response without an image")
     except asyncio.CancelledError:
         task = asyncio.current_task()
-        if not rec.cancel_sent or (task is not None and task.cancelling()):
+        if not rec.cancel_sent or (task is not None and getattr(task, "cancelling", lambda: 0)()):
             raise  # we are being cancelled ourselves (Ctrl-C, shutdown), not our stream
         terminal("cancelled")
     except grpc.aio.AioRpcError as exc:
@@ -591,11 +591,14 @@ async def run(cfg: LoadgenConfig) -> dict:
         _log(cfg, f"warm-up: {len(warm)} requests at once (excluded)")
         recs, _ = await run_entries(cfg.url, warm, cfg.max_concurrency, cfg.timeout_s, model=cfg.model)
         report["warmup_outcomes"] = {k: sum(1 for r in recs if r.outcome == k) for k in ("completed", "failed", "lost")}
+        if not report["warmup_outcomes"]["completed"]:
+            raise RuntimeError(f"every warm-up request failed; is the server healthy? first error: {recs[0].error}")
 
     solo: dict[str, float] = {}
     if cfg.measure_solo and cfg.slo_scale > 0:
+        # Shapes that only cancelled requests have need no solo run: those requests have no SLO.
         shapes: dict[str, dict] = {}
-        for e in entries:
+        for e in (e for e in entries if e.get("cancel_after_s") is None):
             shapes.setdefault(shape_key(e), {k: v for k, v in e.items() if k not in ("t", "cancel_after_s")})
         _log(cfg, f"solo latency: {len(shapes)} shape(s) x {cfg.solo_repeats}, one request at a time (excluded)")
         solo_raw: dict[str, list[float]] = {}

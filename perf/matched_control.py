@@ -145,7 +145,7 @@ def machine_info(server_version: str | None) -> dict:
     gpu = _sh("nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null") \
         if shutil.which("nvidia-smi") else ""
     return {
-        "uname": " ".join(platform.uname()),
+        "uname": " ".join(platform.uname()).strip(),
         "nproc": _sh("nproc"),
         "cpu": cpu,
         "gpu": gpu or "none",
@@ -329,7 +329,7 @@ def fence(text: str, lang: str = "") -> str:
 
 
 def write_results(args, command: str, info: dict, reports: dict[str, dict], entries: list[dict], source: str,
-                  wall_s: float) -> tuple[Path, Path]:
+                  wall_s: float, interrupted: str | None = None) -> tuple[Path, Path]:
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     label = args.machine or machine_label(info)
@@ -342,7 +342,7 @@ def write_results(args, command: str, info: dict, reports: dict[str, dict], entr
                   f"in both modes.")
     payload = {"hypothesis": hypothesis, "command": command, "machine": info, "source": source,
                "deployment_base": str(args.deployment), "modes": list(reports), "replays": args.replays,
-               "wall_s": round(wall_s, 1), "verdict": v, "reports": reports, "trace": entries}
+               "wall_s": round(wall_s, 1), "interrupted": interrupted, "verdict": v, "reports": reports, "trace": entries}
     json_path = stem.with_suffix(".json")
     json_path.write_text(json.dumps(payload, indent=2) + "\n")
 
@@ -371,6 +371,7 @@ def write_results(args, command: str, info: dict, reports: dict[str, dict], entr
 {hypothesis}
 
 ## Verdict
+{f"**Run {interrupted}: partial results.**" if interrupted else ""}
 **{'SUCCESS' if v['success'] else ('FAIL' if v['success'] is False else 'n/a')}.** {v['text']}
 
 | check | step / request | result |
@@ -483,24 +484,29 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="matched_control."))
     t0 = time.monotonic()
     reports: dict[str, dict] = {}
-    ok = False
+    ok, interrupted = False, None
     try:
         for mode in modes:
             reports[mode] = run_mode(mode, args, entries, source, work)
         ok = True
+    except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, a caller's deadline: keep what finished
+        interrupted = f"interrupted ({exc or 'SIGINT'}) after modes: {', '.join(reports) or 'none'}"
+        print(f"[matched_control] {interrupted}", file=sys.stderr)
     finally:
         if args.keep_workdir or not ok:
             print(f"[matched_control] scratch kept in {work}", file=sys.stderr)
         else:
             shutil.rmtree(work, ignore_errors=True)
+    if not reports:
+        return 130
     info = machine_info(next((r.get("server_version") for r in reports.values() if r.get("server_version")), None))
-    md, js = write_results(args, command, info, reports, entries, source, time.monotonic() - t0)
+    md, js = write_results(args, command, info, reports, entries, source, time.monotonic() - t0, interrupted)
     v = verdict(reports, args)
     print(f"[matched_control] verdict: {v['text']}", file=sys.stderr)
     print(f"[matched_control] wrote {md.relative_to(ROOT) if md.is_relative_to(ROOT) else md} and {js.name}",
           file=sys.stderr)
     clean = all(r.get("lost") == 0 and r.get("duplicated") == 0 for r in reports.values())
-    return 0 if clean else 1
+    return 130 if interrupted else (0 if clean else 1)
 
 
 if __name__ == "__main__":

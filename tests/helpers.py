@@ -29,11 +29,12 @@ class StreamCall:
     request: GenerationRequest
     responses: queue.Queue = field(default_factory=queue.Queue)
     progress: list = field(default_factory=list)
+    timeout_us: int | None = None   # Triton's request-level `timeout` parameter
 
     def start(self) -> "StreamCall":
         self.client = grpcclient.InferenceServerClient(self.url)
         self.client.start_stream(callback=lambda result, error: self.responses.put((time.monotonic(), result, error)))
-        self.client.async_stream_infer("txt2img_stream", grpc_inputs(self.request))
+        self.client.async_stream_infer("txt2img_stream", grpc_inputs(self.request), timeout=self.timeout_us)
         return self
 
     def next(self, timeout: float = 120):
@@ -56,6 +57,25 @@ class StreamCall:
                 self.close()
                 return self.progress, image
             self.progress.append(tuple(int(v) for v in result.as_numpy("progress")))
+
+    def outcome(self, timeout: float = 120, quiet_s: float = 0.3) -> tuple[str, object]:
+        """The one terminal outcome: ("image", array) or ("error", message); progress is consumed.
+
+        Waits `quiet_s` more and fails if anything else arrives (a second terminal response)."""
+        while True:
+            _, result, error = self.next(timeout)
+            if error is not None:
+                kind, value = "error", error.message()
+                break
+            image = result.as_numpy("image")
+            if image is not None:
+                kind, value = "image", image
+                break
+            self.progress.append(tuple(int(v) for v in result.as_numpy("progress")))
+        time.sleep(quiet_s)
+        assert self.responses.empty(), f"a response after the terminal {kind}: {self.responses.get()}"
+        self.close()
+        return kind, value
 
     def cancel(self) -> None:
         self.client.stop_stream(cancel_requests=True)

@@ -10,6 +10,8 @@ import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from .faults import FaultRule, parse_rules
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10 (the Triton 24.10 container)
@@ -58,11 +60,22 @@ class EngineSection:
 
 
 @dataclass(frozen=True)
+class Faults:
+    """Fault injection for reliability tests (see ditserve/faults.py). Empty = off, the default.
+
+    Only this server-side file enables faults; no request input can.
+    """
+
+    rules: tuple[FaultRule, ...] = ()
+
+
+@dataclass(frozen=True)
 class Deployment:
     model: ModelSection
     defaults: Defaults = field(default_factory=Defaults)
     limits: Limits = field(default_factory=Limits)
     engine: EngineSection = field(default_factory=EngineSection)
+    faults: Faults = field(default_factory=Faults)
     source: str = ""
 
     def model_location(self) -> str:
@@ -89,6 +102,9 @@ def load_deployment(path: str | os.PathLike | None = None) -> Deployment:
     if not path.exists():
         raise FileNotFoundError(f"deployment config {path} not found; pick one under {REPO_ROOT / 'configs'}")
     data = tomllib.loads(path.read_text())
+    unknown = set(data) - {"model", "defaults", "limits", "engine", "faults"}
+    if unknown:
+        raise ValueError(f"deployment {path} has unknown sections {sorted(unknown)}")
     if "model" not in data:
         raise ValueError(f"deployment {path} lacks a [model] section")
     dep = Deployment(
@@ -96,6 +112,7 @@ def load_deployment(path: str | os.PathLike | None = None) -> Deployment:
         defaults=_section(Defaults, data.get("defaults", {}), "defaults"),
         limits=_section(Limits, data.get("limits", {}), "limits"),
         engine=_section(EngineSection, data.get("engine", {}), "engine"),
+        faults=Faults(parse_rules(data.get("faults", {}))),
         source=str(path),
     )
     if dep.engine.mode not in ENGINE_MODES:

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import torch
 
 from .adapters.base import FamilyAdapter
+from .faults import FaultInjector, Subject
 from .schema import GenerationParams
 from .state import RequestState, TextConditioning
 
@@ -24,11 +27,21 @@ class StepReport:
     forwards: int
     batch_sizes: list[int]
     seconds: float
+    # key -> why that request cannot go on (names the step and the point that failed).
+    # Its state stays in the table: the caller ends the request and releases it.
+    failed: dict[str, str] = field(default_factory=dict)
+    # Group forwards that failed and were retried one request at a time.
+    isolation_retries: int = 0
+
+
+def _subject(state: RequestState) -> Subject:
+    return Subject(state.params.prompt, state.params.height, state.step_index + 1)
 
 
 class StepEngine:
-    def __init__(self, adapter: FamilyAdapter):
+    def __init__(self, adapter: FamilyAdapter, faults: FaultInjector | None = None):
         self.adapter = adapter
+        self.faults = faults or FaultInjector()
         self.table: dict[str, RequestState] = {}
 
     def __contains__(self, key: str) -> bool:
@@ -45,7 +58,13 @@ class StepEngine:
         return state
 
     def step(self, keys: list[str]) -> StepReport:
-        """Advance every listed request by exactly one denoise step."""
+        """Advance every listed request by exactly one denoise step.
+
+        A failure is contained: a failing group forward is retried one request at a time
+        (so a poisoned request does not take its batch peers down), a failing scheduler
+        step or non-finite latents fail only their request, and other groups go on. The
+        failed requests are listed in the report, never half-stepped silently.
+        """
         start = time.monotonic()
         groups: dict[tuple, list[RequestState]] = defaultdict(list)
         for key in keys:
@@ -53,14 +72,51 @@ class StepEngine:
             if state.done:
                 raise RuntimeError(f"request {key} has no steps left")
             groups[state.compat_key].append(state)
+        report, checks = StepReport(0, [], 0.0), []
         for states in groups.values():
-            outputs = self.adapter.denoise(states)
-            for state, output in zip(states, outputs):
+            for state in states:
                 if state.first_step_at is None:
                     state.first_step_at = start
                 state.last_seen = start
+            self._step_group(states, report, checks)
+        if checks:
+            # NaN/inf never reaches the VAE: one device sync per step reads every request's flags.
+            flags = torch.stack([flag for _, _, pair in checks for flag in pair]).tolist()
+            for i, (state, where, _) in enumerate(checks):
+                if not flags[2 * i]:
+                    report.failed[state.key] = f"{where[0]} produced non-finite values (NaN/inf) in the transformer " \
+                                               f"output {where[1]}"
+                elif not flags[2 * i + 1]:
+                    report.failed[state.key] = f"{where[0]} produced non-finite latents (NaN/inf) in the scheduler " \
+                                               f"step {where[1]}"
+        report.forwards, report.seconds = len(report.batch_sizes), time.monotonic() - start
+        return report
+
+    def _step_group(self, states: list[RequestState], report: StepReport, checks: list) -> None:
+        """One forward over a compatibility group, then each request's own scheduler step."""
+        try:
+            outputs = self.faults.at("denoise", [_subject(s) for s in states], self.adapter.denoise(states))
+        except Exception as exc:
+            if len(states) == 1:
+                state = states[0]
+                report.failed[state.key] = (f"denoise step {state.step_index + 1}/{state.total_steps} failed in "
+                                            f"the transformer forward: {type(exc).__name__}: {exc}")
+                return
+            report.isolation_retries += 1
+            for state in states:   # isolate: only a request that fails alone is failed
+                self._step_group([state], report, checks)
+            return
+        report.batch_sizes.append(len(states))
+        batch = f"(in a forward of {len(states)} request{'s' if len(states) > 1 else ''})"
+        for state, output in zip(states, outputs):
+            step, subject = f"denoise step {state.step_index + 1}/{state.total_steps}", _subject(state)
+            try:
                 self.adapter.scheduler_step(state, output)
-        return StepReport(len(groups), [len(g) for g in groups.values()], time.monotonic() - start)
+                state.latents = self.faults.at("scheduler_step", [subject], [state.latents])[0]
+            except Exception as exc:
+                report.failed[state.key] = f"{step} failed in the scheduler step {batch}: {type(exc).__name__}: {exc}"
+                continue
+            checks.append((state, (step, batch), (torch.isfinite(output).all(), torch.isfinite(state.latents).all())))
 
     def release(self, key: str) -> RequestState | None:
         """Drop a request's state; idempotent, so cancel, timeout and error may race."""

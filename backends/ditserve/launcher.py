@@ -100,6 +100,15 @@ def server_env(deployment: str | None = None) -> dict[str, str]:
     return env
 
 
+def cuda_pool_args() -> list[str]:
+    """`DITSERVE_CUDA_POOL_BYTES=N` sizes the Python backend's CUDA memory pool on GPU 0.
+
+    GPU tensors crossing stub boundaries (images) live in that pool, 64 MB by default;
+    a GPU host serving many concurrent 1024px images may need more (perf/results)."""
+    size = os.environ.get("DITSERVE_CUDA_POOL_BYTES")
+    return [f"--cuda-memory-pool-byte-size=0:{int(size)}"] if size else []
+
+
 @dataclass
 class ServerOptions:
     """How to start tritonserver; ports 0 are not allowed by Triton, so callers pick free ones."""
@@ -145,6 +154,7 @@ class TritonServer:
             f"--metrics-address={o.host}", f"--metrics-port={o.metrics_port}",
             f"--log-verbose={o.log_verbose}",
             "--exit-timeout-secs=60",  # unloading stubs takes seconds on a busy 2-core host
+            *cuda_pool_args(),
             *o.extra_args,
         ]
 

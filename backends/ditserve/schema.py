@@ -118,15 +118,39 @@ def decode_request(inputs: Mapping[str, np.ndarray | None], deployment: Deployme
     prompt = _text("prompt", values["prompt"], lim.max_prompt_bytes, allow_empty=False)
     negative = values.get("negative_prompt")
     negative = dft.negative_prompt if negative is None else _text("negative_prompt", negative, lim.max_prompt_bytes, True)
-    size = dict(low=lim.min_size, high=lim.max_size, multiple=lim.size_multiple)
-    height = _in_range("height", int(values.get("height", dft.height)), **size)
-    width = _in_range("width", int(values.get("width", dft.width)), **size)
-    steps = _in_range("num_inference_steps", int(values.get("num_inference_steps", dft.num_inference_steps)), 1, lim.max_steps)
-    guidance = float(values.get("guidance_scale", dft.guidance_scale))
-    if not math.isfinite(guidance):
-        raise InvalidRequest(f"input 'guidance_scale'={guidance} must be a finite number in [0, {lim.max_guidance_scale}]")
-    _in_range("guidance_scale", guidance, 0.0, lim.max_guidance_scale)
     seed_was_drawn = "seed" not in values
-    seed = secrets.randbelow(MAX_SEED) if seed_was_drawn else int(values["seed"])
-    _in_range("seed", seed, 0, MAX_SEED)
-    return GenerationParams(prompt, negative, height, width, steps, guidance, seed, seed_was_drawn)
+    params = GenerationParams(
+        prompt, negative, int(values.get("height", dft.height)), int(values.get("width", dft.width)),
+        int(values.get("num_inference_steps", dft.num_inference_steps)),
+        float(values.get("guidance_scale", dft.guidance_scale)),
+        secrets.randbelow(MAX_SEED) if seed_was_drawn else int(values["seed"]), seed_was_drawn,
+    )
+    return check_params(params, deployment)
+
+
+def check_params(params: GenerationParams, deployment: Deployment) -> GenerationParams:
+    """The deployment's limits on decoded params (also applied by `dit`, which clients can call directly)."""
+    lim = deployment.limits
+    for name in ("prompt", "negative_prompt"):
+        text = getattr(params, name)
+        if not isinstance(text, str):
+            raise InvalidRequest(f"input '{name}' must be a string")
+        if len(text.encode("utf-8", "surrogatepass")) > lim.max_prompt_bytes:
+            raise InvalidRequest(f"input '{name}' is longer than the limit of {lim.max_prompt_bytes} bytes")
+    if not params.prompt.strip():
+        raise InvalidRequest("input 'prompt' is empty; send a non-empty UTF-8 string")
+    for name in ("height", "width", "num_inference_steps", "seed"):
+        if isinstance(getattr(params, name), bool) or not isinstance(getattr(params, name), int):
+            raise InvalidRequest(f"input '{name}' must be an integer")
+    if isinstance(params.guidance_scale, bool) or not isinstance(params.guidance_scale, (int, float)):
+        raise InvalidRequest("input 'guidance_scale' must be a number")
+    size = dict(low=lim.min_size, high=lim.max_size, multiple=lim.size_multiple)
+    _in_range("height", params.height, **size)
+    _in_range("width", params.width, **size)
+    _in_range("num_inference_steps", params.num_inference_steps, 1, lim.max_steps)
+    if not math.isfinite(params.guidance_scale):
+        raise InvalidRequest(f"input 'guidance_scale'={params.guidance_scale} must be a finite number in "
+                             f"[0, {lim.max_guidance_scale}]")
+    _in_range("guidance_scale", params.guidance_scale, 0.0, lim.max_guidance_scale)
+    _in_range("seed", params.seed, 0, MAX_SEED)
+    return params

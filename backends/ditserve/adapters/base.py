@@ -129,10 +129,21 @@ class FamilyAdapter(ABC):
         state.step_index += 1
 
     @torch.inference_mode()
-    def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        """uint8 media, channels last, made on the device (rounded as diffusers' numpy_to_pil)."""
+    def decode(self, latents: torch.Tensor) -> tuple[torch.Tensor, list[bool]]:
+        """uint8 media, channels last, made on the device (rounded as diffusers' numpy_to_pil),
+        and per row whether the VAE output was finite: a NaN would silently become black pixels."""
         media = self.decode_latents(latents.to(self.device, self.pipe.vae.dtype))
+        finite = torch.isfinite(media.flatten(1)).all(dim=1).tolist()
         media = (media / 2 + 0.5).clamp(0, 1)
         media = media.movedim(-3, -1)  # [..., C, H, W] -> [..., H, W, C]
-        return (media.float() * 255).round().to(torch.uint8)
+        return (media.float() * 255).round().to(torch.uint8), finite
+
+    def media_height(self, latents: torch.Tensor) -> int:
+        """Pixel height of the media these latents decode to (latent layout [..., h, w])."""
+        return int(latents.shape[-2]) * self.vae_scale_factor
+
+    @property
+    @abstractmethod
+    def vae_scale_factor(self) -> int:
+        """Pixels per latent element along height and width."""
 

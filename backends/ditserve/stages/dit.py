@@ -23,7 +23,8 @@ from ..adapters import adapter_for
 from ..cancellation import CancelRegistry
 from ..deployment import load_deployment
 from ..engine import StepEngine
-from ..schema import GenerationParams
+from ..faults import injector
+from ..schema import GenerationParams, check_params
 from ..state import TextConditioning
 from .common import TensorSpec, declare, input_numpy, to_pb, to_torch
 from .metrics import DitMetrics
@@ -65,7 +66,7 @@ class DitStage:
                 f"`python scripts/render_repository.py --deployment {self.deployment.source}`"
             )
         adapter = adapter_for(self.deployment.model.family)(self.deployment, "dit")
-        self.engine = StepEngine(adapter)
+        self.engine = StepEngine(adapter, injector(self.deployment, "dit"))
         self.cancels = CancelRegistry()
         self.metrics = DitMetrics(args["model_name"])
 
@@ -77,7 +78,7 @@ class DitStage:
                 try:
                     self._admit(request, key)
                 except Exception as exc:
-                    self._end(request, key, f"dit could not start the request: {exc}")
+                    self._end(request, key, f"could not start the request: {type(exc).__name__}: {exc}")
                     active.remove((key, request))
         if self.deployment.engine.mode == "step":
             self._step(active)
@@ -93,6 +94,7 @@ class DitStage:
 
     def _admit(self, request, key: str) -> None:
         params = GenerationParams.from_json(input_numpy(request, "params").reshape(-1)[0])
+        check_params(params, self.deployment)  # dit is reachable directly too: same limits as the public models
         embeds = to_torch(pb_utils.get_input_tensor_by_name(request, "embeds"))[0]
         mask = to_torch(pb_utils.get_input_tensor_by_name(request, "mask"))[0]
         self.engine.admit(key, params, TextConditioning(embeds, mask))
@@ -103,11 +105,18 @@ class DitStage:
             return
         try:
             report = self.engine.step([key for key, _ in active])
-        except Exception as exc:
+        except Exception as exc:  # the engine contains model failures; this is a bug: end them all
             for key, request in active:
-                self._end(request, key, f"dit denoise step failed: {exc}")
+                self._end(request, key, f"denoise step failed: {type(exc).__name__}: {exc}")
             active.clear()
             return
+        if report.isolation_retries or report.failed:
+            self.metrics.isolation_retries.increment(report.isolation_retries)
+            self.metrics.step_failures.increment(len(report.failed))
+        for key, request in list(active):
+            if key in report.failed:
+                self._end(request, key, report.failed[key])
+                active.remove((key, request))
         for size in report.batch_sizes:
             self.metrics.step_batch.observe(size)
         self.metrics.step_seconds.observe(report.seconds)

@@ -21,8 +21,10 @@ import triton_python_backend_utils as pb_utils
 
 from ..cancellation import CancelRegistry
 from ..deployment import load_deployment
+from ..faults import Subject, injector
 from ..schema import TXT2IMG_INPUTS, GenerationParams, InvalidRequest, decode_request
 from .common import TensorSpec, declare, error_response, input_numpy, to_pb, to_torch
+from .liveness import StubDied, StubWatch
 from .metrics import GenerateMetrics
 
 _TYPES = {"BYTES": "TYPE_STRING", "INT32": "TYPE_INT32", "INT64": "TYPE_INT64", "FP32": "TYPE_FP32"}
@@ -38,11 +40,35 @@ FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
 class StageError(RuntimeError):
-    """A downstream model answered with an error; the message names the stage."""
+    """A stage failed; the message starts with the stage's name."""
+
+
+class TimedOut(StageError):
+    """The request's own `timeout` ran out; the message names the stage it ran out in."""
 
 
 class Cancelled(RuntimeError):
     """The client went away; nothing more is computed for it."""
+
+
+# Which model does the work of each timed stage (error messages name the model).
+STAGE_MODEL = {"encode": "text_encoder", "denoise": "dit", "decode": "vae_decode"}
+
+
+class Deadline:
+    """Triton's request-level `timeout` (microseconds, 0 = none), enforced at stage boundaries
+    and at every denoise step: Triton itself only applies it while a request is queued."""
+
+    def __init__(self, request, arrival: float):
+        timeout_us = request.timeout()
+        self.seconds = timeout_us / 1e6 if timeout_us else None
+        self.at = arrival + self.seconds if timeout_us else None
+
+    def expired(self) -> bool:
+        return self.at is not None and time.monotonic() > self.at
+
+    def error(self, where: str) -> TimedOut:
+        return TimedOut(f"{where}: the request timeout of {self.seconds:g} s expired")
 
 
 def _bls(model: str, inputs: list, outputs: list[str], **kwargs):
@@ -65,11 +91,16 @@ class GenerateStage:
         self.streaming = pb_utils.using_decoupled_model_transaction_policy(model_config)
         self.cancels = CancelRegistry()
         self.metrics = GenerateMetrics(args["model_name"])
+        self.model_name = args["model_name"]
+        self.faults = injector(self.deployment, self.model_name)
+        self.stubs = StubWatch()  # BLS calls fail, not hang, when the called model's stub dies
 
     def execute(self, requests):
         # Generations run in the execute thread: BLS and response sending from worker threads
         # crashed tritonserver 2.51 (SIGSEGV in libtriton_python.so) under concurrent streams.
-        # Concurrency comes from instance count instead (scripts/render_repository.py).
+        # Concurrency comes from instance count instead (scripts/render_repository.py). Each
+        # BLS call does wait in one helper thread (stages/liveness.py, so a dead stub cannot
+        # hang us), one call at a time, while responses are sent from this thread only.
         if self.streaming:
             for request in requests:
                 self._serve_stream(request)
@@ -79,7 +110,10 @@ class GenerateStage:
     def _serve_stream(self, request) -> None:
         sender = request.get_response_sender()
         response = self._respond(request, lambda progress: sender.send(pb_utils.InferenceResponse([progress])))
-        sender.send(response, flags=FINAL)
+        try:
+            sender.send(response, flags=FINAL)
+        except Exception as exc:  # never leave a stream without its final response
+            sender.send(error_response(f"output: could not send the final response: {exc}"), flags=FINAL)
 
     def _respond(self, request, on_progress: Callable | None):
         """Run one generation and turn its outcome into the one terminal response."""
@@ -91,71 +125,116 @@ class GenerateStage:
         except Cancelled:
             self.metrics.cancelled.increment(1)
             return error_response("request cancelled", pb_utils.TritonError.CANCELLED)
+        except TimedOut as exc:
+            self.metrics.failed.increment(1)
+            return error_response(str(exc), pb_utils.TritonError.UNAVAILABLE)
         except StageError as exc:
             self.metrics.failed.increment(1)
             return error_response(str(exc))
+        except Exception as exc:  # a bug must still end the request with one error, never a hang
+            self.metrics.failed.increment(1)
+            return error_response(f"{self.model_name}: internal error: {type(exc).__name__}: {exc}")
+        try:
+            self.faults.at("output", [Subject(params.prompt, params.height)])
+            seed = pb_utils.Tensor("seed", np.array([params.seed], dtype=np.int64))
+            response = pb_utils.InferenceResponse([image, seed])
+        except Exception as exc:
+            self.metrics.failed.increment(1)
+            return error_response(f"output: could not build the final response: {type(exc).__name__}: {exc}")
         self.metrics.completed.increment(1)
-        return pb_utils.InferenceResponse([image, pb_utils.Tensor("seed", np.array([params.seed], dtype=np.int64))])
+        return response
 
     # ---- the pipeline ------------------------------------------------------------------
     def generate(self, request, on_progress: Callable | None) -> tuple[GenerationParams, object]:
         """Validate, encode, denoise step by step, decode; returns the params and `image`."""
         arrival = time.monotonic()
         params = decode_request({spec.name: input_numpy(request, spec.name) for spec in TXT2IMG_INPUTS}, self.deployment)
-        encoded = self._timed("encode", self._encode, request, params)
-        latents = self._denoise(request, params, encoded, on_progress, arrival)
-        return params, self._timed("decode", self._decode, request, latents)
+        deadline = Deadline(request, arrival)
+        encoded = self._timed("encode", self._encode, request, deadline, params)
+        latents = self._timed("denoise", self._denoise, request, deadline, request, params, encoded, on_progress,
+                              arrival, deadline)
+        return params, self._timed("decode", self._decode, request, deadline, latents)
 
-    def _timed(self, stage: str, fn, request, *args):
+    def _timed(self, stage: str, fn, request, deadline: Deadline, *args):
+        """Run one stage; any failure in it becomes a StageError that names the stage's model."""
+        model = STAGE_MODEL[stage]
         if request.is_cancelled():
             raise Cancelled()
+        if deadline.expired():
+            raise deadline.error(f"{model}: before the stage started")
         start = time.monotonic()
-        result = fn(*args)
+        try:
+            result = fn(*args)
+        except (StageError, Cancelled):
+            raise
+        except StubDied as exc:
+            raise StageError(str(exc)) from exc
+        except Exception as exc:
+            raise StageError(f"{model}: {type(exc).__name__}: {exc}") from exc
         self.metrics.stage[stage].observe(time.monotonic() - start)
+        if deadline.expired():
+            raise deadline.error(f"{model}: after {time.monotonic() - start:.3f} s in the stage")
         return result
 
     def _encode(self, params: GenerationParams):
         texts = [params.negative_prompt, params.prompt] if params.do_cfg else [params.prompt]
         text = pb_utils.Tensor("text", np.array([[t.encode("utf-8") for t in texts]], dtype=np.object_))
-        return _checked(_bls("text_encoder", [text], ["embeds", "mask"]).exec(), "text_encoder")
+        bls = _bls("text_encoder", [text], ["embeds", "mask"])
+        (response,) = self.stubs.call("text_encoder", lambda put: put(bls.exec()))
+        return _checked(response, "text_encoder")
 
-    def _denoise(self, request, params: GenerationParams, encoded, on_progress: Callable | None, arrival: float):
-        """Stream dit's per-step responses; on a client cancel, flag dit and drain to its end."""
-        if request.is_cancelled():
-            raise Cancelled()
+    def _denoise(self, request, params: GenerationParams, encoded, on_progress: Callable | None, arrival: float,
+                 deadline: Deadline):
+        """Stream dit's per-step responses; to stop early (client cancel, timeout, a progress
+        response that cannot be sent), flag dit and drain to its end, then raise why."""
         dit_id = uuid.uuid4().hex
         params_tensor = pb_utils.Tensor("params", np.array([[params.to_json().encode()]], dtype=np.object_))
         dit = _bls("dit", [*encoded.output_tensors(), params_tensor], ["progress", "latents", "error"],
                    request_id=dit_id)
-        start, first_step, latents, cancelled = time.monotonic(), None, None, False
-        for response in dit.exec(decoupled=True):
-            if not cancelled and request.is_cancelled():
-                self.cancels.cancel(dit_id)  # dit ends it at the next step boundary
-                cancelled = True
+        first_step, latents, stop, done = None, None, None, 0
+
+        def stream(put):
+            for response in dit.exec(decoupled=True):
+                put(response)
+
+        for response in self.stubs.call("dit", stream):
+            progress = pb_utils.get_output_tensor_by_name(response, "progress")
+            done = int(to_torch(progress).reshape(-1)[0]) if progress is not None else done
+            if stop is None:
+                if request.is_cancelled():
+                    stop = Cancelled()
+                elif deadline.expired():
+                    stop = deadline.error(f"dit: after denoise step {done}/{params.num_inference_steps}")
+                if stop is not None:
+                    self.cancels.cancel(dit_id)  # dit ends it at the next step boundary
             error = pb_utils.get_output_tensor_by_name(response, "error")
             if response.has_error() or error is not None:
-                if cancelled:
+                if stop is not None:
                     break
                 message = response.error().message() if response.has_error() else error.as_numpy().reshape(-1)[0]
                 raise StageError(f"dit: {message.decode() if isinstance(message, bytes) else message}")
             if first_step is None:
                 first_step = time.monotonic()
                 self.metrics.first_step.observe(first_step - arrival)
-            progress = pb_utils.get_output_tensor_by_name(response, "progress")
-            if progress is not None and on_progress is not None and not cancelled:
-                on_progress(to_pb("progress", to_torch(progress)[0]))
+            if progress is not None and on_progress is not None and stop is None:
+                try:
+                    on_progress(to_pb("progress", to_torch(progress)[0]))
+                except Exception as exc:
+                    stop = StageError(f"output: could not send a progress response: {type(exc).__name__}: {exc}")
+                    self.cancels.cancel(dit_id)
             final = pb_utils.get_output_tensor_by_name(response, "latents")
             latents = final if final is not None else latents
-        if cancelled:
+        if stop is not None:
             self.cancels.clear(dit_id)  # dit may have finished before it saw the flag
-            raise Cancelled()
+            raise stop
         if latents is None:
             raise StageError("dit: finished without latents")
-        self.metrics.stage["denoise"].observe(time.monotonic() - start)
         return latents
 
     def _decode(self, latents):
-        decoded = _checked(_bls("vae_decode", [latents], ["image"]).exec(), "vae_decode")
+        bls = _bls("vae_decode", [latents], ["image"])
+        (decoded,) = self.stubs.call("vae_decode", lambda put: put(bls.exec()))
+        decoded = _checked(decoded, "vae_decode")
         image = to_torch(pb_utils.get_output_tensor_by_name(decoded, "image"))[0]
         return to_pb("image", image)
 

@@ -42,6 +42,10 @@ class DitMetrics:
                                       model, SECONDS_BUCKETS)
         self.garbage = counter("ditserve_state_garbage_collected_total",
                                "States released because their request never came back", model)
+        self.isolation_retries = counter("ditserve_step_isolation_retries_total",
+                                         "Batched forwards that failed and were retried one request at a time", model)
+        self.step_failures = counter("ditserve_step_failures_total",
+                                     "Generations ended by a failed or non-finite denoise step", model)
 
 
 class GenerateMetrics:

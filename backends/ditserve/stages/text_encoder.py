@@ -2,6 +2,9 @@
 
 A request carries the texts of one generation as `text` [1, rows] (rows = 2 with CFG:
 negative then prompt), so its outputs already have the shape `dit` takes.
+
+Failures stay with the request that causes them: a batch whose encode fails is retried
+one request at a time, and a request whose embeddings are not finite gets an error.
 """
 from __future__ import annotations
 
@@ -10,10 +13,12 @@ import triton_python_backend_utils as pb_utils
 
 from ..adapters import adapter_for
 from ..deployment import load_deployment
-from .common import TensorSpec, declare, error_response, to_pb, to_torch
+from ..faults import Subject, injector
+from .common import TensorSpec, declare, error_response, to_pb
 
 INPUTS = (TensorSpec("text", "TYPE_STRING", (-1,)),)
 OUTPUTS = (TensorSpec("embeds", "TYPE_FP32", (-1, -1, -1)), TensorSpec("mask", "TYPE_INT64", (-1, -1)))
+MAX_ROWS = 2  # negative + prompt: the only shape the public models send
 
 
 class TextEncoderStage:
@@ -22,27 +27,62 @@ class TextEncoderStage:
         return declare(config, INPUTS, OUTPUTS)
 
     def __init__(self, args: dict, model_config: dict):
-        deployment = load_deployment()
-        self.adapter = adapter_for(deployment.model.family)(deployment, "text_encoder")
+        self.deployment = load_deployment()
+        self.adapter = adapter_for(self.deployment.model.family)(self.deployment, "text_encoder")
+        self.faults = injector(self.deployment, "text_encoder")
 
     def execute(self, requests):
-        texts, shapes = [], []
-        for request in requests:
-            raw = pb_utils.get_input_tensor_by_name(request, "text").as_numpy()
-            shapes.append(raw.shape)
-            texts.extend(t.decode("utf-8") if isinstance(t, bytes) else str(t) for t in raw.reshape(-1))
+        responses: list = [None] * len(requests)
+        items = []
+        for i, request in enumerate(requests):
+            try:
+                items.append((i, *self._texts(request)))
+            except ValueError as exc:  # text_encoder is reachable directly, not only through txt2img
+                responses[i] = error_response(str(exc), pb_utils.TritonError.INVALID_ARG)
+        self._encode(items, responses)
+        return responses
+
+    def _texts(self, request) -> tuple[tuple[int, ...], list[str]]:
+        raw = pb_utils.get_input_tensor_by_name(request, "text").as_numpy()
+        if raw.ndim != 2 or raw.shape[1] > MAX_ROWS or raw.size == 0:
+            raise ValueError(f"input 'text' must have shape [1, 1..{MAX_ROWS}], got {list(raw.shape)}")
+        limit = self.deployment.limits.max_prompt_bytes
+        texts = []
+        for t in raw.reshape(-1):
+            data = t if isinstance(t, bytes) else str(t).encode()
+            if len(data) > limit:
+                raise ValueError(f"a text is {len(data)} bytes; the limit is {limit}")
+            texts.append(data.decode("utf-8"))  # UnicodeDecodeError is a ValueError
+        return raw.shape, texts
+
+    def _encode(self, items: list, responses: list) -> None:
+        """Encode the texts of `items` in one forward; on failure, retry each request alone."""
+        if not items:
+            return
+        texts = [t for _, _, request_texts in items for t in request_texts]
         try:
             embeds, mask = self.adapter.encode_text(texts)
-        except Exception as exc:  # one failing batch must not take the server down
-            return [error_response(f"text_encoder failed: {exc}") for _ in requests]
-        responses, start = [], 0
-        for shape in shapes:
-            n = shape[0] * shape[1]
-            e = embeds[start:start + n].float().reshape(*shape, *embeds.shape[1:])
-            m = mask[start:start + n].to(torch.int64).reshape(*shape, -1)
-            responses.append(pb_utils.InferenceResponse([to_pb("embeds", e), to_pb("mask", m)]))
+            embeds = self.faults.at("encode", [Subject(prompt=t) for t in texts], embeds)
+        except Exception as exc:  # one failing request must not take its batch peers (or the server) down
+            if len(items) > 1:
+                for item in items:
+                    self._encode([item], responses)
+                return
+            responses[items[0][0]] = error_response(f"encode failed: {type(exc).__name__}: {exc}")
+            return
+        finite = torch.isfinite(embeds.flatten(1)).all(dim=1).tolist()
+        start = 0
+        for i, shape, request_texts in items:
+            n = len(request_texts)
+            if not all(finite[start:start + n]):
+                responses[i] = error_response("encode produced non-finite embeddings (NaN/inf)")
+            else:
+                # CPU outputs: they feed a BLS request into the decoupled `dit`, and GPU tensors
+                # there stalled rescheduled batches on the H200 (perf/results, 2026-11-29).
+                e = embeds[start:start + n].float().reshape(*shape, *embeds.shape[1:]).cpu()
+                m = mask[start:start + n].to(torch.int64).reshape(*shape, -1).cpu()
+                responses[i] = pb_utils.InferenceResponse([to_pb("embeds", e), to_pb("mask", m)])
             start += n
-        return responses
 
     def finalize(self) -> None:
         pass

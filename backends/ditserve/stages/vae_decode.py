@@ -1,7 +1,9 @@
 """`vae_decode`: latents -> uint8 media [H, W, 3] made on the device (dynamic batching).
 
 Triton's dynamic batcher only merges requests of equal shape, so a batch is one size.
-Progress never reaches this stage: only final latents do.
+Progress never reaches this stage: only final latents do. A batch whose decode fails is
+retried one request at a time, and media that is not finite (NaN/inf from the VAE) is an
+error for its request, never an image.
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import triton_python_backend_utils as pb_utils
 
 from ..adapters import adapter_for
 from ..deployment import load_deployment
+from ..faults import Subject, injector
 from .common import TensorSpec, declare, error_response, to_pb, to_torch
 
 INPUTS = (TensorSpec("latents", "TYPE_FP32", (-1, -1, -1)),)
@@ -22,21 +25,56 @@ class VaeDecodeStage:
         return declare(config, INPUTS, OUTPUTS)
 
     def __init__(self, args: dict, model_config: dict):
-        deployment = load_deployment()
-        self.adapter = adapter_for(deployment.model.family)(deployment, "vae_decode")
+        self.deployment = load_deployment()
+        self.adapter = adapter_for(self.deployment.model.family)(self.deployment, "vae_decode")
+        self.faults = injector(self.deployment, "vae_decode")
 
     def execute(self, requests):
-        latents = [to_torch(pb_utils.get_input_tensor_by_name(r, "latents")) for r in requests]
-        try:
-            media = self.adapter.decode(torch.cat(latents))
-        except Exception as exc:
-            return [error_response(f"vae_decode failed: {exc}") for _ in requests]
-        responses, start = [], 0
-        for lat in latents:
-            n = lat.shape[0]
-            responses.append(pb_utils.InferenceResponse([to_pb("image", media[start:start + n])]))
-            start += n
+        responses: list = [None] * len(requests)
+        items = []
+        for i, request in enumerate(requests):
+            latents = to_torch(pb_utils.get_input_tensor_by_name(request, "latents"))
+            problem = self._check(latents)
+            if problem:  # vae_decode is reachable directly, not only through txt2img
+                responses[i] = error_response(problem, pb_utils.TritonError.INVALID_ARG)
+            else:
+                items.append((i, latents))
+        self._decode(items, responses)
         return responses
+
+    def _check(self, latents: torch.Tensor) -> str | None:
+        lim = self.deployment.limits
+        if latents.ndim < 4:
+            return f"latents must have shape [batch, channels, (frames,) h, w], got {list(latents.shape)}"
+        height, width = self.adapter.media_height(latents), int(latents.shape[-1]) * self.adapter.vae_scale_factor
+        if not (lim.min_size <= height <= lim.max_size and lim.min_size <= width <= lim.max_size):
+            return (f"latents of shape {list(latents.shape)} decode to {height}x{width}; allowed "
+                    f"[{lim.min_size}, {lim.max_size}] per side")
+        return None
+
+    def _decode(self, items: list, responses: list) -> None:
+        """Decode the latents of `items` in one VAE call; on failure, retry each request alone."""
+        if not items:
+            return
+        rows = [Subject(height=self.adapter.media_height(lat)) for _, lat in items for _ in range(lat.shape[0])]
+        try:
+            latents = self.faults.at("decode", rows, torch.cat([lat for _, lat in items]))
+            media, finite = self.adapter.decode(latents)
+        except Exception as exc:  # one failing request must not take its batch peers (or the server) down
+            if len(items) > 1:
+                for item in items:
+                    self._decode([item], responses)
+                return
+            responses[items[0][0]] = error_response(f"decode failed: {type(exc).__name__}: {exc}")
+            return
+        start = 0
+        for i, lat in items:
+            n = lat.shape[0]
+            if not all(finite[start:start + n]):
+                responses[i] = error_response("decode produced non-finite pixels (NaN/inf); no image is returned")
+            else:
+                responses[i] = pb_utils.InferenceResponse([to_pb("image", media[start:start + n])])
+            start += n
 
     def finalize(self) -> None:
         pass

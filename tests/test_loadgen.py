@@ -1,0 +1,77 @@
+"""perf/loadgen.py: reproducible traces, and a bounded smoke run against the real server."""
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _loadgen():
+    spec = importlib.util.spec_from_file_location("ditserve_perf_loadgen", ROOT / "perf" / "loadgen.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+loadgen = _loadgen()
+
+REPORT_KEYS = (
+    "total_requests", "completed_requests", "failed_requests", "cancelled_requests", "lost", "duplicated",
+    "offered_request_rate", "request_throughput", "throughput_qps", "duration",
+    "mean_e2el_ms", "p50_e2el_ms", "p95_e2el_ms", "p99_e2el_ms", "latency_mean", "latency_p99",
+    "mean_ttfs_ms", "p50_ttfs_ms", "p99_ttfs_ms",
+    "solo_latency_ms", "slo_scale", "slo_attainment_rate", "slo_met_success",
+    "stage_mean_ms", "mean_step_batch_size", "server_completed", "server_cancelled", "server_counts_consistent",
+    "gpu_memory_used_mb_peak",
+)
+
+
+def test_poisson_trace_is_reproducible_and_round_trips(tmp_path):
+    spec = loadgen.WorkloadSpec(rate=5, num_requests=30, sizes=loadgen.parse_sizes("64,96x128"),
+                                steps=loadgen.parse_steps("10-30"), cancel_rate=0.2, seed=7)
+    first, second = loadgen.make_trace(spec), loadgen.make_trace(spec)
+    assert first == second and first[0]["t"] == 0.0
+    assert all(a["t"] <= b["t"] for a, b in zip(first, first[1:]))
+    assert all(10 <= e["num_inference_steps"] <= 30 and (e["height"], e["width"]) in {(64, 64), (96, 128)} for e in first)
+    path = tmp_path / "t.jsonl"
+    loadgen.write_trace(first, path)
+    assert loadgen.load_trace(path) == first
+
+
+def test_committed_tiny_trace_loads():
+    entries = loadgen.load_trace(ROOT / "perf" / "traces" / "tiny_mixed_v1.jsonl")
+    assert len(entries) == 40
+    assert {e["height"] for e in entries} == {64, 96, 128}
+    assert 1 <= sum("cancel_after_s" in e for e in entries) <= 4
+
+
+def test_loadgen_smoke_against_server(server):
+    """Six requests at a high rate, one cancelled mid-generation: every request ends exactly once."""
+    quick = {"prompt": "a red cat", "height": 64, "width": 64, "num_inference_steps": 5, "guidance_scale": 4.5}
+    entries = [{**quick, "t": 0.02 * i, "seed": i} for i in range(5)]
+    # 100 steps at 128 px takes far longer than 50 ms on any host, so this cancel lands
+    # while the request is queued or denoising, never after it finished.
+    entries.insert(2, {**quick, "t": 0.03, "height": 128, "width": 128, "num_inference_steps": 100, "seed": 99,
+                       "cancel_after_s": 0.05})
+    cfg = loadgen.LoadgenConfig(url=server.grpc_url, entries=entries, source="smoke", metrics_url=server.metrics_url,
+                                warmup=0, solo_repeats=1, server_pid=server.process.pid, timeout_s=60, verbose=False)
+    start = time.monotonic()
+    report = asyncio.run(loadgen.run(cfg))
+    assert time.monotonic() - start < 30
+
+    missing = [k for k in REPORT_KEYS if k not in report]
+    assert not missing, missing
+    assert report["lost"] == 0 and report["duplicated"] == 0, report
+    assert report["total_requests"] == 6
+    assert report["cancelled_requests"] == 1 and report["failed_requests"] == 0, report["errors"]
+    assert report["completed_requests"] + report["cancelled_requests"] == report["total_requests"]
+    assert report["server_counts_consistent"] and report["server_completed"] >= 5
+    assert report["mean_e2el_ms"] > 0 and report["mean_ttfs_ms"] <= report["mean_e2el_ms"]
+    assert set(report["solo_latency_ms"]) == {"64x64-5steps-cfg"}  # the cancelled shape has no solo run needed
+    assert report["mean_step_batch_size"] >= 1 and report["stage_mean_ms"]["denoise"] > 0
+    assert report["server_rss_mb_peak"] > 0

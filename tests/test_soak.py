@@ -1,0 +1,263 @@
+"""Bounded soak (< 90 s) against the session server: concurrent streams and unary calls with
+~5 % client cancellations and ~2 % bad requests.
+
+Every request must get exactly one terminal outcome on the client (image, error, or the
+cancel we made), the server must stay ready, and the engine's state table must be empty at
+the end. Resource figures (tritonserver + stub RSS, open fds, /dev/shm bytes the server
+maps, state table) are sampled throughout; their deltas and slopes after warm-up are
+printed (`pytest -s`) and held to loose bounds.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import random
+import threading
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+
+from ditserve.client import GenerationRequest
+from helpers import grpc_inputs, scrape, wait_for_metric
+
+DURATION_S = float(os.environ.get("DITSERVE_SOAK_SECONDS", 40))   # longer runs by hand: =600
+WORKERS = 6
+CANCEL_P, BAD_P, UNARY_P = 0.05, 0.02, 0.3
+BAD_REQUESTS = [   # (request, words of the error)
+    (GenerationRequest("bad size", height=72, num_inference_steps=2), "height"),
+    (GenerationRequest("   ", num_inference_steps=2), "prompt"),
+    (GenerationRequest("bad guidance", guidance_scale=float("nan"), num_inference_steps=2), "guidance_scale"),
+    (GenerationRequest("bad steps", num_inference_steps=0), "num_inference_steps"),
+]
+
+
+# ---- resource figures of the server process tree --------------------------------------
+def _tree(pid: int) -> list[int]:
+    pids = [pid]
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            pids += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return pids
+
+
+def _rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def _name(pid: int) -> str:
+    """The model instance a stub serves (e.g. dit_0_0), or the executable's name."""
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    return argv[8].decode() if len(argv) > 8 and b"python_backend_stub" in argv[0] else Path(argv[0].decode()).name
+
+
+def sample(server) -> dict:
+    rss = fds = 0
+    shm: set[str] = set()
+    by_process: dict[str, float] = {}
+    pids = _tree(server.process.pid)
+    for pid in pids:
+        try:
+            kb = _rss_kb(pid)
+            rss += kb
+            by_process[_name(pid)] = kb / 1024
+            fds += len(os.listdir(f"/proc/{pid}/fd"))
+            for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+                if "/dev/shm/" in line:
+                    shm.add(line.split("/dev/shm/", 1)[1].split(" ")[0])
+        except OSError:
+            pass   # a process that just went away
+    shm_bytes = 0
+    for name in shm:
+        try:
+            shm_bytes += os.stat(f"/dev/shm/{name}").st_size
+        except OSError:
+            pass
+    table = scrape(server.metrics_url).get(("ditserve_state_table_size", "dit"), 0.0)
+    return {"t": time.monotonic(), "processes": len(pids), "rss_mb": rss / 1024, "fds": fds,
+            "shm_mb": shm_bytes / 2**20, "state_table": table, "by_process": by_process}
+
+
+def _slope_per_min(samples: list[dict], key: str) -> float:
+    t = np.array([s["t"] for s in samples])
+    y = np.array([s[key] for s in samples], dtype=float)
+    return float(np.polyfit(t - t[0], y, 1)[0] * 60) if len(samples) > 2 else 0.0
+
+
+# ---- load ---------------------------------------------------------------------------------
+class Ledger:
+    """Terminal outcomes per request id, as the client saw them."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.terminals: dict[str, list[str]] = {}
+        self.kinds: dict[str, str] = {}        # what each request was: ok / bad / cancel
+        self.problems: list[str] = []
+
+    def start(self, rid: str, kind: str) -> None:
+        with self.lock:
+            self.terminals[rid], self.kinds[rid] = [], kind
+
+    def terminal(self, rid: str, outcome: str) -> None:
+        with self.lock:
+            self.terminals[rid].append(outcome)
+
+    def problem(self, text: str) -> None:
+        with self.lock:
+            self.problems.append(text)
+
+
+def _stream_request(url: str, request: GenerationRequest, rid: str, ledger: Ledger, cancel_after: int | None,
+                    bad_words: str | None) -> None:
+    client = grpcclient.InferenceServerClient(url)
+    responses: queue.Queue = queue.Queue()
+
+    def callback(result, error):
+        if error is not None:
+            responses.put(("error", error.message()))
+        elif result.as_numpy("image") is not None:
+            responses.put(("image", result.as_numpy("image")))
+        else:
+            responses.put(("progress", None))
+
+    client.start_stream(callback=callback)
+    client.async_stream_infer("txt2img_stream", grpc_inputs(request), request_id=rid)
+    progress, cancelled = 0, False
+    while True:
+        kind, value = responses.get(timeout=120)
+        if kind == "progress":
+            progress += 1
+            if cancel_after is not None and progress >= cancel_after:
+                client.stop_stream(cancel_requests=True)
+                cancelled = True
+                ledger.terminal(rid, "cancelled")
+                break
+            continue
+        ledger.terminal(rid, kind)
+        _check(ledger, rid, kind, value, request, bad_words)
+        break
+    if not cancelled:
+        client.stop_stream()   # returns once the server closed the stream: a 2nd terminal would be in by now
+    while not responses.empty():
+        kind, value = responses.get()
+        if kind != "progress" and not (cancelled and kind == "error" and "cancel" in str(value).lower()):
+            ledger.terminal(rid, kind)   # a second terminal outcome
+    client.close()
+
+
+def _unary_request(url: str, request: GenerationRequest, rid: str, ledger: Ledger, bad_words: str | None) -> None:
+    with grpcclient.InferenceServerClient(url) as client:
+        try:
+            result = client.infer("txt2img", grpc_inputs(request), request_id=rid, client_timeout=120)
+            kind, value = "image", result.as_numpy("image")
+        except Exception as exc:  # noqa: BLE001 - classified below
+            kind, value = "error", str(exc)
+    ledger.terminal(rid, kind)
+    _check(ledger, rid, kind, value, request, bad_words)
+
+
+def _check(ledger: Ledger, rid: str, kind: str, value, request: GenerationRequest, bad_words: str | None) -> None:
+    if bad_words is not None:
+        if kind != "error" or bad_words not in value:
+            ledger.problem(f"{rid}: bad request got {kind}: {value if kind == 'error' else ''}")
+    elif kind != "image":
+        ledger.problem(f"{rid}: good request got {kind}: {value}")
+    elif value.shape != (request.height or 64, request.width or 64, 3):
+        ledger.problem(f"{rid}: image shape {value.shape}")
+
+
+def _worker(url: str, seed: int, deadline: float, ledger: Ledger) -> None:
+    rng = random.Random(seed)
+    while time.monotonic() < deadline:
+        rid = uuid.uuid4().hex
+        roll = rng.random()
+        try:
+            if roll < BAD_P:
+                request, words = rng.choice(BAD_REQUESTS)
+                ledger.start(rid, "bad")
+                if rng.random() < UNARY_P:
+                    _unary_request(url, request, rid, ledger, words)
+                else:
+                    _stream_request(url, request, rid, ledger, None, words)
+                continue
+            request = GenerationRequest(f"soak {rid[:6]}", seed=rng.randrange(2**31),
+                                        num_inference_steps=rng.randint(2, 12), height=rng.choice([32, 64, 96]),
+                                        width=rng.choice([32, 64]), guidance_scale=rng.choice([1.0, 4.5]))
+            if roll < BAD_P + CANCEL_P:
+                ledger.start(rid, "cancel")
+                _stream_request(url, request, rid, ledger, rng.randint(1, request.num_inference_steps - 1), None)
+            elif roll < BAD_P + CANCEL_P + UNARY_P:
+                ledger.start(rid, "ok")
+                _unary_request(url, request, rid, ledger, None)
+            else:
+                ledger.start(rid, "ok")
+                _stream_request(url, request, rid, ledger, None, None)
+        except Exception as exc:  # noqa: BLE001 - a hang or client failure is a finding
+            ledger.problem(f"{rid}: client failed: {type(exc).__name__}: {exc}")
+
+
+def test_soak_every_request_ends_once_and_nothing_leaks(server):
+    before = scrape(server.metrics_url)
+    samples = [sample(server)]
+    ledger = Ledger()
+    deadline = time.monotonic() + DURATION_S
+    threads = [threading.Thread(target=_worker, args=(server.grpc_url, i, deadline, ledger), daemon=True)
+               for i in range(WORKERS)]
+    for thread in threads:
+        thread.start()
+    not_ready = 0
+    with grpcclient.InferenceServerClient(server.grpc_url) as health:
+        while any(t.is_alive() for t in threads):
+            time.sleep(2)
+            samples.append(sample(server))
+            not_ready += not health.is_server_ready()
+    for thread in threads:
+        thread.join(150)
+    assert wait_for_metric(server.metrics_url, "ditserve_state_table_size", "dit", 0.0) == 0.0, "state leaked"
+    time.sleep(1)
+    samples.append(sample(server))
+    after = scrape(server.metrics_url)
+
+    outcomes = Counter(tuple(v) for v in ledger.terminals.values())
+    kinds = Counter(ledger.kinds.values())
+    warm = samples[len(samples) // 4:]
+    delta = {key: warm[-1][key] - warm[0][key] for key in ("rss_mb", "fds", "shm_mb", "processes")}
+    print(f"\nsoak: {len(ledger.terminals)} requests in {DURATION_S} s by {WORKERS} workers; kinds {dict(kinds)}; "
+          f"outcomes {dict(outcomes)}")
+    print(f"soak: rss {samples[0]['rss_mb']:.0f} -> {samples[-1]['rss_mb']:.0f} MB "
+          f"(after warm-up {delta['rss_mb']:+.1f} MB, {_slope_per_min(warm, 'rss_mb'):+.1f} MB/min); "
+          f"fds {samples[0]['fds']} -> {samples[-1]['fds']} ({delta['fds']:+d}, "
+          f"{_slope_per_min(warm, 'fds'):+.2f}/min); /dev/shm {samples[0]['shm_mb']:.1f} -> "
+          f"{samples[-1]['shm_mb']:.1f} MB ({delta['shm_mb']:+.1f}); processes {samples[0]['processes']} -> "
+          f"{samples[-1]['processes']}; state table max {max(s['state_table'] for s in samples):.0f}, "
+          f"end {samples[-1]['state_table']:.0f}")
+    counters = {name: sum(after.get((name, m), 0) - before.get((name, m), 0) for m in ("txt2img", "txt2img_stream"))
+                for name in ("ditserve_requests_completed_total", "ditserve_requests_failed_total",
+                             "ditserve_requests_cancelled_total")}
+    print(f"soak: server counters {counters}")
+    growth = {name: round(warm[-1]["by_process"].get(name, 0) - mb, 1) for name, mb in warm[0]["by_process"].items()}
+    print(f"soak: RSS growth after warm-up per process (MB): {dict(sorted(growth.items(), key=lambda kv: -kv[1]))}")
+
+    assert not ledger.problems, ledger.problems[:10]
+    assert all(len(v) == 1 for v in ledger.terminals.values()), \
+        {rid: v for rid, v in ledger.terminals.items() if len(v) != 1}
+    assert kinds["ok"] > 50 and kinds["cancel"] > 0 and kinds["bad"] > 0, kinds
+    assert not_ready == 0, "the server stopped being ready"
+    images = outcomes[("image",)]
+    # A cancel the server saw after the last step still completed there: completed is in between.
+    assert images <= counters["ditserve_requests_completed_total"] <= images + kinds["cancel"]
+    assert counters["ditserve_requests_failed_total"] == kinds["bad"], "only the bad requests failed"
+    assert counters["ditserve_requests_cancelled_total"] <= kinds["cancel"]
+    assert samples[-1]["state_table"] == 0
+    assert delta["processes"] == 0, "stub processes came or went"
+    assert delta["fds"] <= 20, f"open fds grew by {delta['fds']}"
+    assert delta["shm_mb"] <= 64, f"/dev/shm grew by {delta['shm_mb']:.1f} MB"
+    assert delta["rss_mb"] <= 500, f"RSS grew by {delta['rss_mb']:.0f} MB"
