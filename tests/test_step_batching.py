@@ -4,10 +4,8 @@ The default deployment runs `step` mode with capacity 4.
 """
 from __future__ import annotations
 
-import threading
 import time
 
-import numpy as np
 import pytest
 from tritonclient.utils import InferenceServerException
 

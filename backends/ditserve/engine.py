@@ -16,6 +16,7 @@ import torch
 
 from .adapters.base import FamilyAdapter
 from .faults import FaultInjector, Subject
+from .isolation import isolating_failures
 from .schema import GenerationParams
 from .state import RequestState, TextConditioning
 
@@ -93,19 +94,17 @@ class StepEngine:
         return report
 
     def _step_group(self, states: list[RequestState], report: StepReport, checks: list) -> None:
-        """One forward over a compatibility group, then each request's own scheduler step."""
-        try:
-            outputs = self.faults.at("denoise", [_subject(s) for s in states], self.adapter.denoise(states))
-        except Exception as exc:
-            if len(states) == 1:
-                state = states[0]
-                report.failed[state.key] = (f"denoise step {state.step_index + 1}/{state.total_steps} failed in "
-                                            f"the transformer forward: {type(exc).__name__}: {exc}")
-                return
-            report.isolation_retries += 1
-            for state in states:   # isolate: only a request that fails alone is failed
-                self._step_group([state], report, checks)
-            return
+        """One forward over a compatibility group (split per request if it fails), then steps."""
+        def fail(state: RequestState, exc: Exception) -> None:
+            report.failed[state.key] = (f"denoise step {state.step_index + 1}/{state.total_steps} failed in "
+                                        f"the transformer forward: {type(exc).__name__}: {exc}")
+
+        report.isolation_retries += isolating_failures(
+            states, lambda group: self._forward_and_step(group, report, checks), fail)
+
+    def _forward_and_step(self, states: list[RequestState], report: StepReport, checks: list) -> None:
+        """Raises only from the forward, before any state changed; scheduler failures are per request."""
+        outputs = self.faults.at("denoise", [_subject(s) for s in states], self.adapter.denoise(states))
         report.batch_sizes.append(len(states))
         batch = f"(in a forward of {len(states)} request{'s' if len(states) > 1 else ''})"
         for state, output in zip(states, outputs):

@@ -13,7 +13,6 @@ Every request ends with exactly one final response: its latents, or an `error` o
 """
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import torch

@@ -14,6 +14,7 @@ import triton_python_backend_utils as pb_utils
 from ..adapters import adapter_for
 from ..deployment import load_deployment
 from ..faults import Subject, injector
+from ..isolation import isolating_failures
 from .common import TensorSpec, declare, error_response, to_pb
 
 INPUTS = (TensorSpec("text", "TYPE_STRING", (-1,)),)
@@ -56,20 +57,18 @@ class TextEncoderStage:
         return raw.shape, texts
 
     def _encode(self, items: list, responses: list) -> None:
-        """Encode the texts of `items` in one forward; on failure, retry each request alone."""
+        """Encode the texts of `items` in one forward; a failing batch is retried per request."""
+        def fail(item, exc: Exception) -> None:
+            responses[item[0]] = error_response(f"encode failed: {type(exc).__name__}: {exc}")
+
+        isolating_failures(items, lambda batch: self._encode_batch(batch, responses), fail)
+
+    def _encode_batch(self, items: list, responses: list) -> None:
         if not items:
             return
         texts = [t for _, _, request_texts in items for t in request_texts]
-        try:
-            embeds, mask = self.adapter.encode_text(texts)
-            embeds = self.faults.at("encode", [Subject(prompt=t) for t in texts], embeds)
-        except Exception as exc:  # one failing request must not take its batch peers (or the server) down
-            if len(items) > 1:
-                for item in items:
-                    self._encode([item], responses)
-                return
-            responses[items[0][0]] = error_response(f"encode failed: {type(exc).__name__}: {exc}")
-            return
+        embeds, mask = self.adapter.encode_text(texts)
+        embeds = self.faults.at("encode", [Subject(prompt=t) for t in texts], embeds)
         finite = torch.isfinite(embeds.flatten(1)).all(dim=1).tolist()
         start = 0
         for i, shape, request_texts in items:

@@ -13,6 +13,7 @@ import triton_python_backend_utils as pb_utils
 from ..adapters import adapter_for
 from ..deployment import load_deployment
 from ..faults import Subject, injector
+from ..isolation import isolating_failures
 from .common import TensorSpec, declare, error_response, to_pb, to_torch
 
 INPUTS = (TensorSpec("latents", "TYPE_FP32", (-1, -1, -1)),)
@@ -53,20 +54,18 @@ class VaeDecodeStage:
         return None
 
     def _decode(self, items: list, responses: list) -> None:
-        """Decode the latents of `items` in one VAE call; on failure, retry each request alone."""
+        """Decode the latents of `items` in one VAE call; a failing batch is retried per request."""
+        def fail(item, exc: Exception) -> None:
+            responses[item[0]] = error_response(f"decode failed: {type(exc).__name__}: {exc}")
+
+        isolating_failures(items, lambda batch: self._decode_batch(batch, responses), fail)
+
+    def _decode_batch(self, items: list, responses: list) -> None:
         if not items:
             return
         rows = [Subject(height=self.adapter.media_height(lat)) for _, lat in items for _ in range(lat.shape[0])]
-        try:
-            latents = self.faults.at("decode", rows, torch.cat([lat for _, lat in items]))
-            media, finite = self.adapter.decode(latents)
-        except Exception as exc:  # one failing request must not take its batch peers (or the server) down
-            if len(items) > 1:
-                for item in items:
-                    self._decode([item], responses)
-                return
-            responses[items[0][0]] = error_response(f"decode failed: {type(exc).__name__}: {exc}")
-            return
+        latents = self.faults.at("decode", rows, torch.cat([lat for _, lat in items]))
+        media, finite = self.adapter.decode(latents)
         start = 0
         for i, lat in items:
             n = lat.shape[0]
