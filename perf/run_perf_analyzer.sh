@@ -9,8 +9,8 @@
 #   --concurrency A:B   perf_analyzer --concurrency-range (default 1:4)
 #   --interval MS       perf_analyzer measurement window in ms (default 4000)
 #   --baseline-runs N   serial raw-diffusers runs (default 20; 0 skips the baseline)
-#   --server-threads N  OMP_NUM_THREADS for the server we start only (default: inherited;
-#                       unset = torch uses every core in each of the stage processes)
+#   --server-threads N  OMP_NUM_THREADS for the server we start only (default: inherited, else
+#                       the launcher's 1 thread per stub process)
 #   --out FILE          result file (default perf/results/<date>-<dev>-<model>-perf_analyzer.md)
 # Env equivalents: TRITON_GRPC_URL, PA_SERVER_THREADS, PA_STREAM=1, PA_CONCURRENCY, PA_INTERVAL_MS, BASELINE_RUNS,
 # PA_STABILITY (percent, default 50), PA_MAX_TRIALS (default 6), PA_REQUESTS_PER_STREAM
@@ -74,7 +74,7 @@ PA="$(bash perf/install_perf_analyzer.sh | tail -n1)"
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/perf_txt2img.XXXXXX")"
 SERVER_PID=""
 SERVER_STOP="not started by this script (--url / TRITON_GRPC_URL)"
-SERVER_OMP="${SERVER_THREADS:-${OMP_NUM_THREADS:-unset (torch: one thread per core in every stage process)}}"
+SERVER_OMP="${SERVER_THREADS:-${OMP_NUM_THREADS:-1, the launcher default}}"
 
 stop_server() {
     [[ -n "$SERVER_PID" ]] || return 0

@@ -24,3 +24,26 @@ def test_render_writes_capacity_into_dit_and_unary_instances(tmp_path):
     dit = (out / "dit" / "config.pbtxt").read_text()
     assert "max_batch_size: 8" in dit and "max_candidate_sequences: 8" in dit
     assert "count: 8" in (out / "txt2img" / "config.pbtxt").read_text()
+
+
+def test_render_gpus_places_one_device_stage_instance_per_gpu(tmp_path):
+    out = tmp_path / "repo"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "render_repository.py"), "--deployment",
+                    "configs/pixart-sigma-1024.toml", "--gpus", "2", "--out", str(out)], check=True)
+    for model in ("text_encoder", "dit", "vae_decode"):
+        groups = [line for line in (out / model / "config.pbtxt").read_text().splitlines()
+                  if line.startswith("instance_group")]
+        assert len(groups) == 1, model
+        assert "{ count: 1, kind: KIND_GPU, gpus: [0] }, { count: 1, kind: KIND_GPU, gpus: [1] }" in groups[0], model
+        assert "KIND_CPU" not in groups[0], model
+    dit = (out / "dit" / "config.pbtxt").read_text()
+    assert "max_batch_size: 8" in dit and "max_candidate_sequences: 8" in dit  # per instance
+    for model in ("txt2img", "txt2img_stream"):  # 2 GPUs x capacity 8 generations in flight
+        assert "instance_group [{ count: 16, kind: KIND_CPU }]" in (out / model / "config.pbtxt").read_text()
+
+
+def test_gpu_instances_load_onto_their_own_device():
+    from ditserve.adapters.base import instance_device
+
+    assert instance_device({"model_instance_kind": "GPU", "model_instance_device_id": "1"}) == "cuda:1"
+    assert instance_device({"model_instance_kind": "CPU", "model_instance_device_id": "0"}) is None

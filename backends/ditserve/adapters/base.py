@@ -44,15 +44,24 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def instance_device(args: dict) -> str | None:
+    """The device Triton gave this model instance: `cuda:<id>` for a KIND_GPU instance
+    (scripts/render_repository.py --gpus), else None (use the deployment's [model] device)."""
+    if args.get("model_instance_kind") == "GPU":
+        return f"cuda:{int(args['model_instance_device_id'])}"
+    return None
+
+
 class FamilyAdapter(ABC):
     """Shared loading, noise, scheduling and media conversion; families fill in the rest."""
 
     pipeline_class: ClassVar[type]
     component_names: ClassVar[tuple[str, ...]]
 
-    def __init__(self, deployment: Deployment, stage: str):
+    def __init__(self, deployment: Deployment, stage: str, device: str | None = None):
+        """`device` overrides the deployment's [model] device (a KIND_GPU instance's GPU)."""
         self.deployment = deployment
-        self.device = resolve_device(deployment.model.device)
+        self.device = resolve_device(device or deployment.model.device)
         self.dtype = DTYPES[deployment.model.dtype]
         keep = set(STAGE_COMPONENTS[stage])
         skipped = {name: None for name in self.component_names if name not in keep}

@@ -19,6 +19,7 @@ import torch
 import triton_python_backend_utils as pb_utils
 
 from ..adapters import adapter_for
+from ..adapters.base import instance_device
 from ..cancellation import CancelRegistry
 from ..deployment import load_deployment
 from ..engine import StepEngine
@@ -64,7 +65,7 @@ class DitStage:
                 f"[engine] capacity={self.deployment.engine.capacity}; render the repository with "
                 f"`python scripts/render_repository.py --deployment {self.deployment.source}`"
             )
-        adapter = adapter_for(self.deployment.model.family)(self.deployment, "dit")
+        adapter = adapter_for(self.deployment.model.family)(self.deployment, "dit", instance_device(args))
         self.engine = StepEngine(adapter, injector(self.deployment, "dit"))
         self.cancels = CancelRegistry()
         self.metrics = DitMetrics(args["model_name"])

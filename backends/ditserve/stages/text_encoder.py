@@ -12,6 +12,7 @@ import torch
 import triton_python_backend_utils as pb_utils
 
 from ..adapters import adapter_for
+from ..adapters.base import instance_device
 from ..deployment import load_deployment
 from ..faults import Subject, injector
 from ..isolation import isolating_failures
@@ -29,7 +30,7 @@ class TextEncoderStage:
 
     def __init__(self, args: dict, model_config: dict):
         self.deployment = load_deployment()
-        self.adapter = adapter_for(self.deployment.model.family)(self.deployment, "text_encoder")
+        self.adapter = adapter_for(self.deployment.model.family)(self.deployment, "text_encoder", instance_device(args))
         self.faults = injector(self.deployment, "text_encoder")
 
     def execute(self, requests):

@@ -11,6 +11,7 @@ import torch
 import triton_python_backend_utils as pb_utils
 
 from ..adapters import adapter_for
+from ..adapters.base import instance_device
 from ..deployment import load_deployment
 from ..faults import Subject, injector
 from ..isolation import isolating_failures
@@ -27,7 +28,7 @@ class VaeDecodeStage:
 
     def __init__(self, args: dict, model_config: dict):
         self.deployment = load_deployment()
-        self.adapter = adapter_for(self.deployment.model.family)(self.deployment, "vae_decode")
+        self.adapter = adapter_for(self.deployment.model.family)(self.deployment, "vae_decode", instance_device(args))
         self.faults = injector(self.deployment, "vae_decode")
 
     def execute(self, requests):

@@ -1,0 +1,97 @@
+"""deploy/k8s: every document passes the Kubernetes JSON schemas (offline), and the pieces agree.
+
+kubernetes-validate bundles the schemas in its wheel and resolves $refs from them locally, so
+this needs no network and no cluster. It is a schema lint only: nothing here runs on a cluster.
+"""
+from __future__ import annotations
+
+import kubernetes_validate
+import pytest
+import yaml
+from kubernetes_validate.utils import latest_version
+
+from conftest import ROOT
+
+K8S = ROOT / "deploy" / "k8s"
+FILES = sorted(K8S.glob("*.yaml")) + sorted(K8S.glob("*.yml"))
+
+
+def documents() -> list[tuple[str, dict]]:
+    docs = []
+    for path in FILES:
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc is not None:
+                docs.append((f"{path.name}:{doc.get('kind')}", doc))
+    return docs
+
+
+def one(kind: str) -> dict:
+    found = [d for _, d in documents() if d["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind}, found {len(found)}"
+    return found[0]
+
+
+def test_there_are_manifests():
+    assert {"Deployment", "Service", "HorizontalPodAutoscaler"} <= {d["kind"] for _, d in documents()}
+
+
+@pytest.mark.parametrize("name,doc", documents(), ids=lambda v: v if isinstance(v, str) else "")
+def test_document_matches_kubernetes_schema(name, doc):
+    # strict: unknown fields (typos such as `initialDelay`) fail too.
+    kubernetes_validate.validate(doc, latest_version(), strict=True)
+
+
+def test_validator_rejects_a_broken_manifest():
+    """Guard against a validator that silently accepts anything (e.g. a missing schema)."""
+    bad = dict(one("Deployment"))
+    bad["spec"] = dict(bad["spec"], replicas="one")
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, latest_version(), strict=True)
+
+
+def container() -> dict:
+    (c,) = one("Deployment")["spec"]["template"]["spec"]["containers"]
+    return c
+
+
+def test_probes_hit_triton_health_endpoints():
+    c = container()
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {"http": 8000, "grpc": 8001, "metrics": 8002}
+    for probe, path in (("readinessProbe", "/v2/health/ready"), ("livenessProbe", "/v2/health/live"),
+                        ("startupProbe", "/v2/health/live")):
+        get = c[probe]["httpGet"]
+        assert get["path"] == path, probe
+        assert ports.get(get["port"], get["port"]) == 8000, probe
+    # A full checkpoint loads for minutes: the startup probe must allow at least 10 of them.
+    startup = c["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 600
+
+
+def test_deployment_requests_a_gpu_and_shared_memory():
+    spec = one("Deployment")["spec"]["template"]["spec"]
+    c = container()
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert any(e["name"] == "DITSERVE_DEPLOYMENT" for e in c["env"])
+    shm = [v for v in spec["volumes"] if v.get("emptyDir", {}).get("medium") == "Memory"]
+    assert shm and any(m["mountPath"] == "/dev/shm" and m["name"] == shm[0]["name"] for m in c["volumeMounts"])
+
+
+def test_service_exposes_the_three_ports_of_the_deployment():
+    svc = one("Service")["spec"]
+    assert svc["type"] == "ClusterIP"
+    assert svc["selector"].items() <= one("Deployment")["spec"]["template"]["metadata"]["labels"].items()
+    assert {p["name"]: p["port"] for p in svc["ports"]} == {"http": 8000, "grpc": 8001, "metrics": 8002}
+
+
+def test_hpa_targets_the_deployment_on_a_triton_queue_metric():
+    hpa = one("HorizontalPodAutoscaler")
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    dep = one("Deployment")
+    ref = hpa["spec"]["scaleTargetRef"]
+    assert (ref["apiVersion"], ref["kind"], ref["name"]) == (dep["apiVersion"], "Deployment", dep["metadata"]["name"])
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (1, 4)
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["type"] == "Pods"
+    assert metric["pods"]["metric"]["name"].startswith("nv_inference_")
+    assert metric["pods"]["target"]["type"] == "AverageValue"
