@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import signal
-import socket
 import sys
 import threading
 from pathlib import Path
@@ -19,18 +18,8 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "backends"))
 
-from ditserve.launcher import ServerOptions, TritonServer  # noqa: E402
+from ditserve.launcher import ServerOptions, TritonServer, free_ports  # noqa: E402
 
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def main() -> int:

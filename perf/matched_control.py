@@ -31,7 +31,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -47,7 +46,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from ditserve.deployment import ENGINE_MODES, load_deployment  # noqa: E402
-from ditserve.launcher import ServerOptions, TritonServer  # noqa: E402
+from ditserve.launcher import ServerOptions, TritonServer, free_ports  # noqa: E402
 
 
 def _load_loadgen():
@@ -105,16 +104,6 @@ def render_repository(deployment: Path, out: Path) -> None:
     subprocess.run([sys.executable, str(ROOT / "scripts" / "render_repository.py"), "--deployment", str(deployment),
                     "--out", str(out)], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
 
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 # ---- machine -----------------------------------------------------------------------------

@@ -29,6 +29,19 @@ def percentile(values: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
+def latency_stats(lat: list[float]) -> dict:
+    """The latency summary every baseline report carries (ms)."""
+    return {
+        "mean_ms": statistics.fmean(lat),
+        "p50_ms": percentile(lat, 50),
+        "p90_ms": percentile(lat, 90),
+        "min_ms": min(lat),
+        "max_ms": max(lat),
+        "stdev_ms": statistics.stdev(lat) if len(lat) > 1 else 0.0,
+        "latencies_ms": [round(x, 3) for x in lat],
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=str(REPO_ROOT / "models" / "tiny-pixart-sigma"))
@@ -93,13 +106,7 @@ def main() -> int:
                     "use_resolution_binning": False, "clean_caption": False, "output": "uint8 HWC"},
         "runs": args.runs,
         "warmup": args.warmup,
-        "mean_ms": statistics.fmean(lat),
-        "p50_ms": percentile(lat, 50),
-        "p90_ms": percentile(lat, 90),
-        "min_ms": min(lat),
-        "max_ms": max(lat),
-        "stdev_ms": statistics.stdev(lat) if len(lat) > 1 else 0.0,
-        "latencies_ms": [round(x, 3) for x in lat],
+        **latency_stats(lat),
     }, indent=2))
     return 0
 

@@ -34,7 +34,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 warnings.filterwarnings("ignore", message=".*torch_dtype.*deprecated.*")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "perf"))
-from raw_diffusers_baseline import DEFAULT_PROMPT, percentile  # noqa: E402
+from raw_diffusers_baseline import DEFAULT_PROMPT, latency_stats  # noqa: E402
 
 PROMPTS_FILE = REPO_ROOT / "perf" / "data" / "txt2img_prompts.json"
 
@@ -52,18 +52,6 @@ def prompt_pool(first: str, n: int) -> list[str]:
     while len(pool) < n:
         pool.append(f"{first}, variation {len(pool)}")
     return pool[:n]
-
-
-def stats(lat: list[float]) -> dict:
-    return {
-        "mean_ms": statistics.fmean(lat),
-        "p50_ms": percentile(lat, 50),
-        "p90_ms": percentile(lat, 90),
-        "min_ms": min(lat),
-        "max_ms": max(lat),
-        "stdev_ms": statistics.stdev(lat) if len(lat) > 1 else 0.0,
-        "latencies_ms": [round(x, 3) for x in lat],
-    }
 
 
 def main() -> int:
@@ -217,7 +205,7 @@ def main() -> int:
         "load_s": round(load_s, 2),
         "runs": args.runs,
         "warmup": args.warmup,
-        **stats(lat),
+        **latency_stats(lat),
         "batched": batched,
         "components": components,
         "peak_memory_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if cuda else None,

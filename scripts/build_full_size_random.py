@@ -38,7 +38,11 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "scripts"))
 
-from build_tiny_pipelines import tiny_t5_tokenizer  # noqa: E402  (offline T5 tokenizer)
+from build_tiny_pipelines import (  # noqa: E402  (offline T5 tokenizer, real configs)
+    PIXART_SIGMA_SCHEDULER_CONFIG as SCHEDULER_CONFIG,
+    PIXART_SIGMA_TRANSFORMER_CONFIG as TRANSFORMER_CONFIG,
+    tiny_t5_tokenizer,
+)
 from diffusers import (  # noqa: E402
     AutoencoderKL,
     DPMSolverMultistepScheduler,
@@ -52,33 +56,6 @@ DEFAULT_OUT = REPO_ROOT / "models" / "pixart-sigma-1024-random"
 MAX_SEQUENCE_LENGTH = 300  # PixArt-Sigma's T5 length (configs/*.toml max_sequence_length)
 
 # --- configs of PixArt-alpha/PixArt-Sigma-XL-2-1024-MS -------------------------------------
-# transformer/config.json (diffusers PixArtTransformer2DModel)
-TRANSFORMER_CONFIG = dict(
-    sample_size=128,  # latent side at 1024px
-    patch_size=2,
-    in_channels=4,
-    out_channels=8,  # eps + learned sigma
-    num_layers=28,
-    num_attention_heads=16,
-    attention_head_dim=72,  # hidden 1152
-    cross_attention_dim=1152,
-    caption_channels=4096,  # T5-XXL d_model
-    activation_fn="gelu-approximate",
-    attention_bias=True,
-    num_embeds_ada_norm=1000,
-    norm_type="ada_norm_single",
-    norm_elementwise_affine=False,
-    norm_eps=1e-6,
-    norm_num_groups=32,
-    interpolation_scale=2,
-    use_additional_conditions=False,
-    upcast_attention=False,
-    attention_type="default",
-    # The checkpoint's only_cross_attention/double_self_attention/use_linear_projection
-    # (all false) are legacy Transformer2DModel keys this class no longer takes.
-    dropout=0.0,
-)
-
 # text_encoder/config.json (google/t5-v1_1-xxl, encoder only)
 T5_CONFIG = dict(
     vocab_size=32128,
@@ -118,22 +95,6 @@ VAE_CONFIG = dict(
     scaling_factor=0.13025,
     force_upcast=False,
 )
-
-# scheduler/scheduler_config.json (DPMSolverMultistepScheduler defaults; as the tiny build)
-SCHEDULER_CONFIG = dict(
-    num_train_timesteps=1000,
-    beta_start=0.0001,
-    beta_end=0.02,
-    beta_schedule="linear",
-    algorithm_type="dpmsolver++",
-    solver_order=2,
-    solver_type="midpoint",
-    prediction_type="epsilon",
-    lower_order_final=True,
-    timestep_spacing="linspace",
-    steps_offset=0,
-)
-
 
 def log(msg: str) -> None:
     print(f"[build_full_size_random] {msg}", flush=True)

@@ -53,6 +53,50 @@ riding sitting standing flying running wearing holding looking
 """.split()
 COMMON_SUFFIXES = ["es", "ed", "er", "est", "ing", "ly", "tion"]
 
+# PixArt-alpha/PixArt-Sigma-XL-2-1024-MS transformer/config.json: the tiny build shrinks it,
+# scripts/build_full_size_random.py uses it whole.
+PIXART_SIGMA_TRANSFORMER_CONFIG = dict(
+    sample_size=128,  # latent side at 1024px
+    patch_size=2,
+    in_channels=4,
+    out_channels=8,  # eps + learned sigma
+    num_layers=28,
+    num_attention_heads=16,
+    attention_head_dim=72,  # hidden 1152
+    cross_attention_dim=1152,
+    caption_channels=4096,  # T5-XXL d_model
+    activation_fn="gelu-approximate",
+    attention_bias=True,
+    num_embeds_ada_norm=1000,
+    norm_type="ada_norm_single",
+    norm_elementwise_affine=False,
+    norm_eps=1e-6,
+    norm_num_groups=32,
+    interpolation_scale=2,
+    use_additional_conditions=False,
+    upcast_attention=False,
+    attention_type="default",
+    # The checkpoint's only_cross_attention/double_self_attention/use_linear_projection
+    # (all false) are legacy Transformer2DModel keys this class no longer takes.
+    dropout=0.0,
+)
+
+# Its scheduler/scheduler_config.json: DPMSolverMultistepScheduler's defaults, spelled out so a
+# change of diffusers defaults cannot drift it.
+PIXART_SIGMA_SCHEDULER_CONFIG = dict(
+    num_train_timesteps=1000,
+    beta_start=0.0001,
+    beta_end=0.02,
+    beta_schedule="linear",
+    algorithm_type="dpmsolver++",
+    solver_order=2,
+    solver_type="midpoint",
+    prediction_type="epsilon",
+    lower_order_final=True,
+    timestep_spacing="linspace",
+    steps_offset=0,
+)
+
 
 def tiny_t5_tokenizer() -> T5Tokenizer:
     """Unigram T5 tokenizer over printable ASCII plus common words, built in memory.
@@ -115,41 +159,16 @@ def build_tiny_pixart_sigma() -> DiffusionPipeline:
     text_encoder = tiny_t5_encoder(vocab_size=len(tokenizer), d_model=32)
     vae = tiny_sdxl_style_vae()
     torch.manual_seed(SEED)
-    transformer = PixArtTransformer2DModel(
-        sample_size=8,  # latent side of a 64px image (vae scale factor 8)
-        patch_size=2,
-        in_channels=4,
-        out_channels=8,  # eps + learned sigma, as in the real checkpoint
-        num_layers=2,
-        num_attention_heads=2,
-        attention_head_dim=8,
-        cross_attention_dim=16,  # must equal heads * head_dim
-        caption_channels=text_encoder.config.d_model,
-        activation_fn="gelu-approximate",
-        attention_bias=True,
-        num_embeds_ada_norm=1000,
-        norm_type="ada_norm_single",
-        norm_elementwise_affine=False,
-        norm_eps=1e-6,
-        interpolation_scale=2,
-        use_additional_conditions=False,
-        dropout=0.0,
-    ).eval()
-    # The real scheduler_config.json is DPMSolverMultistepScheduler's defaults;
-    # spelled out so a change of diffusers defaults cannot drift it.
-    scheduler = DPMSolverMultistepScheduler(
-        num_train_timesteps=1000,
-        beta_start=0.0001,
-        beta_end=0.02,
-        beta_schedule="linear",
-        algorithm_type="dpmsolver++",
-        solver_order=2,
-        solver_type="midpoint",
-        prediction_type="epsilon",
-        lower_order_final=True,
-        timestep_spacing="linspace",
-        steps_offset=0,
-    )
+    transformer = PixArtTransformer2DModel(**{
+        **PIXART_SIGMA_TRANSFORMER_CONFIG,
+        "sample_size": 8,  # latent side of a 64px image (vae scale factor 8)
+        "num_layers": 2,
+        "num_attention_heads": 2,
+        "attention_head_dim": 8,
+        "cross_attention_dim": 16,  # must equal heads * head_dim
+        "caption_channels": text_encoder.config.d_model,
+    }).eval()
+    scheduler = DPMSolverMultistepScheduler(**PIXART_SIGMA_SCHEDULER_CONFIG)
     return PixArtSigmaPipeline(
         tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, transformer=transformer, scheduler=scheduler
     )

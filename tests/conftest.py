@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from pathlib import Path
 
@@ -13,19 +12,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "backends"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from ditserve.launcher import ServerOptions, TritonServer  # noqa: E402
+from ditserve.launcher import ServerOptions, TritonServer, free_ports  # noqa: E402
 
 TINY_PIXART = ROOT / "models" / "tiny-pixart-sigma"
 
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def start_server(tmp_dir: Path, name: str, **options) -> TritonServer:

@@ -10,7 +10,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from conftest import ROOT, free_ports
+from conftest import ROOT
+from ditserve.launcher import free_ports
 
 
 def _children(pid: int) -> set[int]:

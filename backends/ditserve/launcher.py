@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import sysconfig
@@ -98,6 +99,18 @@ def server_env(deployment: str | None = None) -> dict[str, str]:
     if deployment:
         env["DITSERVE_DEPLOYMENT"] = str(Path(deployment).resolve())
     return env
+
+
+def free_ports(n: int) -> list[int]:
+    """n TCP ports free on 127.0.0.1 right now (for servers started beside others: tests, perf)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def cuda_pool_args() -> list[str]:
