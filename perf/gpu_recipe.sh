@@ -14,7 +14,12 @@
 #             its capacity 8): 1 warm-up, 1 solo, then 4 concurrent 1024px streamed requests
 #             -> $OUT/server_smoke.json (~2-3 min; proves the served path before `control`)
 #   control   perf/matched_control.py (request mode vs step batching on one workload)
-#             -> $OUT/control_* (time depends on CONTROL_RATE / CONTROL_N)
+#             -> $OUT/control_* (time depends on CONTROL_RATE / CONTROL_N); an incomplete run
+#             leaves every stub's Python stacks in its server log (TritonServer.dump_stacks)
+#   video     full-size Wan2.1-T2V-1.3B (random weights) -> models/wan2.1-t2v-1.3b-random
+#             (~14 GB), then perf/video_transport.py: one 81x480x832 video (97 MB) delivered by
+#             gRPC, system shm and CUDA shm, with stage accounting -> $OUT/video_transport.json
+#             (not in `all`; ~4-6 min)
 # baseline, smoke and control first build the model if it is missing (a machine stays warm
 # only ~30 s after a call, so a later call usually finds a bare machine).
 #
@@ -26,7 +31,10 @@
 # running ones are stopped with SIGINT so their partial output is kept; leaves room for
 # `source .gpu/env.sh` inside the device's 600 s), PYTHON (default python3),
 # BASELINE_RUNS (5), BASELINE_WARMUP (1), BASELINE_BATCHES (1,2,4,8), BASELINE_BATCH_RUNS (2),
-# SMOKE_CONCURRENT (4), CONTROL_RATE (0.6 req/s), CONTROL_N (24), CONTROL_ARGS (extra args).
+# SMOKE_CONCURRENT (4), CONTROL_RATE (0.6 req/s), CONTROL_N (24), CONTROL_ARGS (extra args),
+# VIDEO_STEPS (2), VIDEO_REPS (3), VIDEO_TEXT_ENCODER_LAYERS (24 = real), and
+# DITSERVE_CUDA_POOL_BYTES (Python-backend CUDA pool; `video` sets 1 GiB when unset: a
+# 97 MB video crosses from vae_decode to txt2vid through it).
 # Exit status: 0 when every requested stage passed, 1 otherwise (the summary names them).
 set -uo pipefail
 
@@ -164,8 +172,8 @@ def one(seed, record):
             res = client.generate(GenerationRequest("a red fox sitting in the snow, watercolor", seed=seed,
                                                     height=size, width=size, num_inference_steps=steps,
                                                     guidance_scale=4.5), timeout_s=240)
-        record.update(ms=round((time.perf_counter() - t0) * 1000, 1), shape=list(res.image.shape),
-                      steps_reported=res.steps_reported, mean=round(float(res.image.mean()), 2))
+        record.update(ms=round((time.perf_counter() - t0) * 1000, 1), shape=list(res.media.shape),
+                      steps_reported=res.steps_reported, mean=round(float(res.media.mean()), 2))
     except Exception as exc:
         record.update(ms=round((time.perf_counter() - t0) * 1000, 1), error=f"{type(exc).__name__}: {exc}"[:500])
     return record
@@ -213,6 +221,18 @@ finally:
     print("[smoke] server log tail:\n" + server.log_tail(60), flush=True)
 sys.exit(0 if report["ok"] else 1)
 EOF
+}
+
+stage_video() {
+    local wan=models/wan2.1-t2v-1.3b-random
+    "$PY" scripts/build_full_size_random.py --family wan-t2v --out "$wan" --device "$DEVICE" --if-missing \
+        --text-encoder-layers "${VIDEO_TEXT_ENCODER_LAYERS:-24}" || return $?
+    DITSERVE_CUDA_POOL_BYTES="${DITSERVE_CUDA_POOL_BYTES:-1073741824}" "$PY" perf/video_transport.py \
+        --deployment configs/wan2.1-t2v-1.3b-random.toml --steps "${VIDEO_STEPS:-2}" --reps "${VIDEO_REPS:-3}" \
+        --out "$OUT/video_transport.json" --log "$WORK/video_server.log"
+    local rc=$?
+    (( rc == 0 )) || { echo "----- tail of the video server log"; tail -60 "$WORK/video_server.log"; }
+    return $rc
 }
 
 # perf/matched_control.py: request_batch then step mode, each its own server on the same
@@ -322,14 +342,15 @@ main() {
     for s in "${stages[@]}"; do
         case "$s" in
             all) expanded+=(env build baseline smoke control) ;;
-            env|build|baseline|smoke|control) expanded+=("$s") ;;
+            env|build|baseline|smoke|control|video) expanded+=("$s") ;;
             -h|--help) awk 'NR > 1 && /^#/ {print; next} NR > 1 {exit}' "$0"; return 0 ;;
-            *) echo "unknown stage: $s (env|build|baseline|smoke|control|all)"; return 2 ;;
+            *) echo "unknown stage: $s (env|build|baseline|smoke|control|video|all)"; return 2 ;;
         esac
     done
     mkdir -p "$WORK"
     export REPO_ROOT PY OUT DEADLINE_S DEPLOYMENT MODEL_DIR DEVICE SIZE STEPS WORK START_EPOCH
-    export -f log remaining model_ready stage_env stage_build stage_baseline stage_smoke stage_control collect_control
+    export -f log remaining model_ready stage_env stage_build stage_baseline stage_smoke stage_control collect_control \
+        stage_video
     log "stages: ${expanded[*]} (deadline ${DEADLINE_S}s)"
     for s in "${expanded[@]}"; do
         case "$s" in
@@ -338,6 +359,7 @@ main() {
             baseline) ensure_model baseline && run_timed baseline 120 stage_baseline ;;
             smoke) ensure_model smoke && run_timed smoke 150 stage_smoke ;;
             control) ensure_model control && run_timed control 200 stage_control ;;
+            video) run_timed video 240 stage_video ;;
         esac
     done
     [[ -f "$MODEL_DIR/build_info.json" && ! -f "$OUT/build_info.json" ]] && cp "$MODEL_DIR/build_info.json" "$OUT/"

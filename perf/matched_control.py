@@ -23,10 +23,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
-import importlib.metadata
 import importlib.util
 import json
-import platform
 import re
 import shlex
 import shutil
@@ -47,6 +45,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 from ditserve.deployment import ENGINE_MODES, load_deployment  # noqa: E402
 from ditserve.launcher import ServerOptions, TritonServer, free_ports  # noqa: E402
+from machine import fence, machine_info, machine_label, server_version  # noqa: E402
 
 
 def _load_loadgen():
@@ -106,66 +105,6 @@ def render_repository(deployment: Path, out: Path) -> None:
 
 
 
-# ---- machine -----------------------------------------------------------------------------
-
-def _sh(cmd: str) -> str:
-    try:
-        return subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=20).stdout.strip()
-    except Exception as exc:  # noqa: BLE001
-        return f"({exc})"
-
-
-def _version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
-
-
-def machine_info(server_version: str | None) -> dict:
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    gpu = _sh("nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null") \
-        if shutil.which("nvidia-smi") else ""
-    return {
-        "uname": " ".join(platform.uname()).strip(),
-        "nproc": _sh("nproc"),
-        "cpu": cpu,
-        "gpu": gpu or "none",
-        "python": platform.python_version(),
-        "torch": _version("torch"),
-        "diffusers": _version("diffusers"),
-        "transformers": _version("transformers"),
-        "tritonclient": _version("tritonclient"),
-        "tritonserver": server_version or "unknown",
-        "git": _sh(f"git -C {ROOT} rev-parse --short HEAD") + (" (dirty)" if _sh(f"git -C {ROOT} status --porcelain") else ""),
-        "load_average": _sh("cat /proc/loadavg"),
-    }
-
-
-def machine_label(info: dict) -> str:
-    if info["gpu"] == "none":
-        return "cpu"
-    name = info["gpu"].splitlines()[0].split(",")[0].lower().replace("nvidia", "")
-    return "gpu-" + (re.sub(r"[^a-z0-9]+", "-", name).strip("-") or "unknown")
-
-
-def _server_version(url: str) -> str | None:
-    try:
-        import tritonclient.grpc as grpcclient
-
-        meta = grpcclient.InferenceServerClient(url).get_server_metadata()
-        return f"{meta.name} {meta.version}"
-    except Exception:  # noqa: BLE001
-        return None
-
-
 # ---- one mode ----------------------------------------------------------------------------
 
 def run_mode(mode: str, args, entries: list[dict], source: str, work: Path) -> dict:
@@ -180,11 +119,12 @@ def run_mode(mode: str, args, entries: list[dict], source: str, work: Path) -> d
     print(f"[matched_control] {mode}: starting tritonserver (capacity {capacity}, log {server.log_path})",
           file=sys.stderr, flush=True)
     t = time.monotonic()
+    report = None
     server.start()
     try:
         server.wait_ready(timeout_s=args.server_timeout)
         ready_s = time.monotonic() - t
-        version = _server_version(server.grpc_url)
+        version = server_version(server.grpc_url)
         cfg = loadgen.LoadgenConfig(
             url=server.grpc_url, entries=entries, source=source, metrics_url=server.metrics_url,
             max_concurrency=args.max_concurrency, warmup=args.warmup, slo_scale=args.slo_scale,
@@ -193,6 +133,11 @@ def run_mode(mode: str, args, entries: list[dict], source: str, work: Path) -> d
         report = asyncio.run(loadgen.run(cfg))
         print(f"[matched_control] {mode}:\n{loadgen.format_summary(report)}", file=sys.stderr, flush=True)
     finally:
+        if report is None or report.get("lost") or report.get("failed_requests"):
+            # Interrupted or incomplete: leave every stub's Python stacks in the server log.
+            print(f"[matched_control] {mode}: incomplete run, stacks of {len(server.dump_stacks())} stubs -> "
+                  f"{server.log_path}", file=sys.stderr, flush=True)
+            time.sleep(2)
         t_stop = time.monotonic()
         server.stop()
         stop_s = time.monotonic() - t_stop
@@ -312,10 +257,6 @@ def verdict(reports: dict[str, dict], args) -> dict:
 
 
 # ---- write-up ----------------------------------------------------------------------------
-
-def fence(text: str, lang: str = "") -> str:
-    return f"```{lang}\n{text.rstrip()}\n```"
-
 
 def write_results(args, command: str, info: dict, reports: dict[str, dict], entries: list[dict], source: str,
                   wall_s: float, interrupted: str | None = None) -> tuple[Path, Path]:

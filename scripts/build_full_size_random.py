@@ -1,18 +1,23 @@
 #!/usr/bin/env python
-"""Build a FULL-SIZE PixArt-Sigma 1024px pipeline with RANDOM weights, for GPU perf runs.
+"""Build a FULL-SIZE pipeline with RANDOM weights, for GPU perf runs.
 
-Same classes and configs as `PixArt-alpha/PixArt-Sigma-XL-2-1024-MS` (transformer 0.6B,
-T5-v1.1-XXL encoder 4.8B, SDXL VAE, DPM-Solver++), so speed and memory match the real
-checkpoint; the images are noise. Written in diffusers layout (safetensors) into
-`models/pixart-sigma-1024-random/` by default, ~11 GB in bf16. No network: the tokenizer
-is the tiny offline one from build_tiny_pipelines.py (its ids are all < 32128, and the
-pipeline pads every prompt to max_sequence_length tokens anyway, so encoder cost is the
-real one).
+  --family pixart-sigma (default): same classes and configs as
+      `PixArt-alpha/PixArt-Sigma-XL-2-1024-MS` (transformer 0.6B, T5-v1.1-XXL encoder 4.8B,
+      SDXL VAE, DPM-Solver++), ~11 GB in bf16, into `models/pixart-sigma-1024-random/`.
+  --family wan-t2v: same classes and configs as `Wan-AI/Wan2.1-T2V-1.3B-Diffusers`
+      (transformer 1.3B, UMT5-XXL encoder 5.7B, Wan2.1 VAE, flow UniPC), ~14 GB in bf16,
+      into `models/wan2.1-t2v-1.3b-random/`.
+
+Speed and memory match the real checkpoint; the outputs are noise. Written in diffusers
+layout (safetensors). No network: the tokenizer is the tiny offline one from
+build_tiny_pipelines.py (its ids are all < 32128, and both pipelines pad every prompt to
+max_sequence_length tokens anyway, so encoder cost is the real one).
 
 Fast on a GPU: modules are created directly on the device in the target dtype (no fp32
 copy on the host), random-initialised there, checked for finite outputs, then saved.
 
     python scripts/build_full_size_random.py                       # GPU, bf16, full size
+    python scripts/build_full_size_random.py --family wan-t2v      # GPU, bf16, full size
     python scripts/build_full_size_random.py --device cpu --text-encoder-layers 1 \\
         --transformer-layers 1 --out /tmp/fs-smoke --verify        # CPU smoke of the layout
 
@@ -31,29 +36,38 @@ import json
 import shutil
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
+import numpy as np
 import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "scripts"))
 
 from build_tiny_pipelines import (  # noqa: E402  (offline T5 tokenizer, real configs)
-    PIXART_SIGMA_SCHEDULER_CONFIG as SCHEDULER_CONFIG,
-    PIXART_SIGMA_TRANSFORMER_CONFIG as TRANSFORMER_CONFIG,
+    PIXART_SIGMA_SCHEDULER_CONFIG,
+    PIXART_SIGMA_TRANSFORMER_CONFIG,
+    WAN_T2V_SCHEDULER_CONFIG,
+    WAN_T2V_TRANSFORMER_CONFIG,
+    WAN_VAE_CONFIG,
     tiny_t5_tokenizer,
 )
 from diffusers import (  # noqa: E402
     AutoencoderKL,
+    AutoencoderKLWan,
+    DiffusionPipeline,
     DPMSolverMultistepScheduler,
     PixArtSigmaPipeline,
     PixArtTransformer2DModel,
+    UniPCMultistepScheduler,
+    WanPipeline,
+    WanTransformer3DModel,
 )
-from transformers import T5Config, T5EncoderModel  # noqa: E402
+from transformers import T5Config, T5EncoderModel, UMT5Config, UMT5EncoderModel  # noqa: E402
 
 SEED = 0
-DEFAULT_OUT = REPO_ROOT / "models" / "pixart-sigma-1024-random"
-MAX_SEQUENCE_LENGTH = 300  # PixArt-Sigma's T5 length (configs/*.toml max_sequence_length)
 
 # --- configs of PixArt-alpha/PixArt-Sigma-XL-2-1024-MS -------------------------------------
 # text_encoder/config.json (google/t5-v1_1-xxl, encoder only)
@@ -95,6 +109,12 @@ VAE_CONFIG = dict(
     scaling_factor=0.13025,
     force_upcast=False,
 )
+
+# --- configs of Wan-AI/Wan2.1-T2V-1.3B-Diffusers (transformer, VAE, scheduler: build_tiny_pipelines)
+# text_encoder/config.json (google/umt5-xxl, encoder only: T5-XXL shapes, a 256k multilingual
+# vocabulary and a relative attention bias in every layer)
+UMT5_CONFIG = {**T5_CONFIG, "vocab_size": 256384}
+
 
 def log(msg: str) -> None:
     print(f"[build_full_size_random] {msg}", flush=True)
@@ -157,64 +177,153 @@ def check_finite(name: str, tensor: torch.Tensor) -> dict:
     return stats
 
 
-@torch.inference_mode()
-def sanity_forward(tokenizer, text_encoder, transformer, vae, device: torch.device, latent_side: int) -> dict:
-    """One T5 encode, one transformer forward and one VAE decode on random inputs: all finite."""
-    ids = tokenizer(["a photo of a red cat on a blue sofa", ""], padding="max_length",
-                    max_length=MAX_SEQUENCE_LENGTH, truncation=True, return_tensors="pt")
+def random_latents(shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    return torch.randn(shape, generator=torch.Generator("cpu").manual_seed(SEED)).to(device, dtype)
+
+
+def check_text_encoder(c: dict, device: torch.device, max_sequence_length: int
+                       ) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """One encode of a prompt and an empty negative, padded to max_sequence_length as the pipelines do."""
+    ids = c["tokenizer"](["a photo of a red cat on a blue sofa", ""], padding="max_length",
+                         max_length=max_sequence_length, truncation=True, return_tensors="pt")
     mask = ids.attention_mask.to(device)
-    embeds = text_encoder(ids.input_ids.to(device), attention_mask=mask)[0]
-    out = {"text_encoder": check_finite("text_encoder", embeds)}
-    gen = torch.Generator("cpu").manual_seed(SEED)
-    latents = torch.randn((2, 4, latent_side, latent_side), generator=gen).to(device, transformer.dtype)
+    embeds = c["text_encoder"](ids.input_ids.to(device), attention_mask=mask)[0]
+    return embeds, mask, check_finite("text_encoder", embeds)
+
+
+# --- PixArt-Sigma -------------------------------------------------------------------------------
+PIXART_MAX_SEQUENCE_LENGTH = 300  # PixArt-Sigma's T5 length (configs/*.toml max_sequence_length)
+
+
+def pixart_components(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, timer: Timer) -> dict:
+    with timer("tokenizer"):
+        tokenizer = tiny_t5_tokenizer(model_max_length=PIXART_MAX_SEQUENCE_LENGTH)
+    with timer("text_encoder init"), build_context(device, dtype):
+        t5_config = T5Config(**{**T5_CONFIG, "num_layers": args.text_encoder_layers})
+        text_encoder = cast_if_needed(T5EncoderModel(t5_config), dtype).eval()
+    with timer("transformer init"), build_context(device, dtype):
+        transformer = PixArtTransformer2DModel(**{**PIXART_SIGMA_TRANSFORMER_CONFIG,
+                                                  "num_layers": args.transformer_layers})
+        transformer = cast_if_needed(transformer, dtype).eval()
+    with timer("vae init"), build_context(device, dtype):
+        vae = cast_if_needed(AutoencoderKL(**VAE_CONFIG), dtype).eval()
+    scheduler = DPMSolverMultistepScheduler(**PIXART_SIGMA_SCHEDULER_CONFIG)
+    return dict(tokenizer=tokenizer, text_encoder=text_encoder, transformer=transformer, vae=vae, scheduler=scheduler)
+
+
+@torch.inference_mode()
+def pixart_check(c: dict, device: torch.device, latent_side: int) -> dict:
+    """One T5 encode, one transformer forward and one VAE decode on random inputs: all finite.
+    Default latents: 1024px on a GPU, 256px on a CPU."""
+    transformer, vae = c["transformer"], c["vae"]
+    embeds, mask, encoded = check_text_encoder(c, device, PIXART_MAX_SEQUENCE_LENGTH)
+    side = latent_side or (128 if device.type == "cuda" else 32)
+    latents = random_latents((2, 4, side, side), device, transformer.dtype)
     noise = transformer(latents, encoder_hidden_states=embeds, encoder_attention_mask=mask,
                         timestep=torch.tensor([999, 500], device=device),
                         added_cond_kwargs={"resolution": None, "aspect_ratio": None}, return_dict=False)[0]
-    out["transformer"] = check_finite("transformer", noise)
     image = vae.decode(latents[:1] / vae.config.scaling_factor, return_dict=False)[0]
-    out["vae_decode"] = check_finite("vae_decode", image)
-    return out
+    return {"text_encoder": encoded, "transformer": check_finite("transformer", noise),
+            "vae_decode": check_finite("vae_decode", image)}
 
 
-def build(args: argparse.Namespace) -> dict:
+# --- Wan2.1 text-to-video -----------------------------------------------------------------------
+WAN_MAX_SEQUENCE_LENGTH = 512  # Wan's UMT5 length
+
+
+def wan_components(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, timer: Timer) -> dict:
+    with timer("tokenizer"):
+        tokenizer = tiny_t5_tokenizer(model_max_length=WAN_MAX_SEQUENCE_LENGTH)
+    with timer("text_encoder init"), build_context(device, dtype):
+        umt5_config = UMT5Config(**{**UMT5_CONFIG, "num_layers": args.text_encoder_layers})
+        text_encoder = cast_if_needed(UMT5EncoderModel(umt5_config), dtype).eval()
+    with timer("transformer init"), build_context(device, dtype):
+        # No cast: its only fp32 tensors are the rope tables, which from_pretrained keeps in fp32
+        # too (WanTransformer3DModel._keep_in_fp32_modules).
+        transformer = WanTransformer3DModel(**{**WAN_T2V_TRANSFORMER_CONFIG,
+                                               "num_layers": args.transformer_layers}).eval()
+    with timer("vae init"), build_context(device, dtype):
+        vae = cast_if_needed(AutoencoderKLWan(**WAN_VAE_CONFIG), dtype).eval()
+    scheduler = UniPCMultistepScheduler(**WAN_T2V_SCHEDULER_CONFIG)
+    return dict(tokenizer=tokenizer, text_encoder=text_encoder, transformer=transformer, vae=vae, scheduler=scheduler)
+
+
+@torch.inference_mode()
+def wan_check(c: dict, device: torch.device, latent_side: int) -> dict:
+    """One UMT5 encode, one transformer forward and one VAE decode on random inputs: all finite.
+    Default latents: 81 frames at 480x832 on a GPU, 9 frames at 64x64 on a CPU."""
+    transformer, vae = c["transformer"], c["vae"]
+    embeds, _, encoded = check_text_encoder(c, device, WAN_MAX_SEQUENCE_LENGTH)
+    frames, size = (21, (60, 104)) if device.type == "cuda" else (3, (8, 8))
+    if latent_side:
+        size = (latent_side, latent_side)
+    latents = random_latents((2, transformer.config.in_channels, frames, *size), device, transformer.dtype)
+    noise = transformer(hidden_states=latents, timestep=torch.tensor([999, 500], device=device),
+                        encoder_hidden_states=embeds, return_dict=False)[0]
+    video = vae.decode(latents[:1], return_dict=False)[0]
+    return {"text_encoder": encoded, "transformer": check_finite("transformer", noise),
+            "vae_decode": check_finite("vae_decode", video)}
+
+
+@dataclass(frozen=True)
+class Family:
+    """What differs between the families this script builds."""
+
+    reference: str                  # the checkpoint whose configs are used
+    default_out: Path
+    text_encoder_layers: int        # the real depths (the defaults)
+    transformer_layers: int
+    pipeline_class: type[DiffusionPipeline]
+    components: Callable[[argparse.Namespace, torch.device, torch.dtype, Timer], dict]
+    check: Callable[[dict, torch.device, int], dict]   # finite-output forwards; int: --check-latent-side
+    verify_kwargs: dict             # a cheap call of the reloaded pipeline, sized by --verify-size
+
+
+FAMILIES = {
+    "pixart-sigma": Family(
+        reference="PixArt-alpha/PixArt-Sigma-XL-2-1024-MS",
+        default_out=REPO_ROOT / "models" / "pixart-sigma-1024-random",
+        text_encoder_layers=24, transformer_layers=28, pipeline_class=PixArtSigmaPipeline,
+        components=pixart_components, check=pixart_check,
+        verify_kwargs=dict(guidance_scale=4.5, use_resolution_binning=False, clean_caption=False),
+    ),
+    "wan-t2v": Family(
+        reference="Wan-AI/Wan2.1-T2V-1.3B-Diffusers",
+        default_out=REPO_ROOT / "models" / "wan2.1-t2v-1.3b-random",
+        text_encoder_layers=24, transformer_layers=30, pipeline_class=WanPipeline,
+        components=wan_components, check=wan_check,
+        verify_kwargs=dict(guidance_scale=5.0, num_frames=9),
+    ),
+}
+
+
+def build(args: argparse.Namespace, family: Family) -> dict:
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype)
     timer = Timer(device)
-    info: dict = {"dtype": args.dtype, "device": str(device), "seed": SEED,
+    info: dict = {"family": args.family, "dtype": args.dtype, "device": str(device), "seed": SEED,
                   "text_encoder_layers": args.text_encoder_layers, "transformer_layers": args.transformer_layers,
-                  "full_size": args.text_encoder_layers == 24 and args.transformer_layers == 28,
-                  "reference": "PixArt-alpha/PixArt-Sigma-XL-2-1024-MS (configs; weights random)",
+                  "full_size": (args.text_encoder_layers, args.transformer_layers) == (
+                      family.text_encoder_layers, family.transformer_layers),
+                  "reference": f"{family.reference} (configs; weights random)",
                   "versions": {"torch": torch.__version__, "diffusers": __import__("diffusers").__version__,
                                "transformers": __import__("transformers").__version__}}
     torch.manual_seed(SEED)
     if device.type == "cuda":
         torch.cuda.manual_seed_all(SEED)
 
-    with timer("tokenizer"):
-        tokenizer = tiny_t5_tokenizer()
-    with timer("text_encoder init"), build_context(device, dtype):
-        t5_config = T5Config(**{**T5_CONFIG, "num_layers": args.text_encoder_layers})
-        text_encoder = cast_if_needed(T5EncoderModel(t5_config), dtype).eval()
-    with timer("transformer init"), build_context(device, dtype):
-        transformer = PixArtTransformer2DModel(**{**TRANSFORMER_CONFIG, "num_layers": args.transformer_layers})
-        transformer = cast_if_needed(transformer, dtype).eval()
-    with timer("vae init"), build_context(device, dtype):
-        vae = cast_if_needed(AutoencoderKL(**VAE_CONFIG), dtype).eval()
-    scheduler = DPMSolverMultistepScheduler(**SCHEDULER_CONFIG)
-    info["params"] = {"text_encoder": n_params(text_encoder), "transformer": n_params(transformer),
-                      "vae": n_params(vae), "tokenizer_vocab": len(tokenizer)}
+    components = family.components(args, device, dtype, timer)
+    info["params"] = {name: n_params(components[name]) for name in ("text_encoder", "transformer", "vae")}
+    info["params"]["tokenizer_vocab"] = len(components["tokenizer"])
     log(f"params: {info['params']}")
     if device.type == "cuda":
         info["cuda_memory_allocated_gib"] = round(torch.cuda.memory_allocated(device) / 2**30, 2)
 
     if not args.skip_check:
-        # 1024px latents on a GPU; a small latent on CPU keeps the smoke cheap.
-        side = args.check_latent_side or (128 if device.type == "cuda" else 32)
         with timer("sanity forward"):
-            info["check"] = sanity_forward(tokenizer, text_encoder, transformer, vae, device, side)
+            info["check"] = family.check(components, device, args.check_latent_side)
 
-    pipe = PixArtSigmaPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae,
-                               transformer=transformer, scheduler=scheduler)
+    pipe = family.pipeline_class(**components)
     out = Path(args.out)
     tmp = out.parent / f".{out.name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -227,31 +336,28 @@ def build(args: argparse.Namespace) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     log(f"wrote {out} ({info['size_bytes'] / 2**30:.2f} GiB)")
-    del pipe, text_encoder, transformer, vae
+    del pipe, components
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return info
 
 
 @torch.inference_mode()
-def verify_load(path: Path, device: str, dtype: str, size: int) -> dict:
-    """Reload with PixArtSigmaPipeline.from_pretrained (as a server would) and run one step."""
+def verify_load(path: Path, family: Family, device: str, dtype: str, size: int) -> dict:
+    """Reload with from_pretrained (as a server would) and run one step."""
     start = time.perf_counter()
-    pipe = PixArtSigmaPipeline.from_pretrained(path, torch_dtype=getattr(torch, dtype)).to(device)
+    pipe = family.pipeline_class.from_pretrained(path, torch_dtype=getattr(torch, dtype)).to(device)
     load_s = time.perf_counter() - start
     pipe.set_progress_bar_config(disable=True)
     start = time.perf_counter()
-    image = pipe("a photo of a cat", height=size, width=size, num_inference_steps=1, guidance_scale=4.5,
-                 use_resolution_binning=False, clean_caption=False, output_type="np",
-                 generator=torch.Generator("cpu").manual_seed(SEED)).images
+    media = pipe("a photo of a cat", height=size, width=size, num_inference_steps=1, output_type="np",
+                 generator=torch.Generator("cpu").manual_seed(SEED), return_dict=False, **family.verify_kwargs)[0]
     run_s = time.perf_counter() - start
-    import numpy as np
-
-    image = np.asarray(image)
-    if not np.isfinite(image).all():
+    media = np.asarray(media)
+    if not np.isfinite(media).all():
         raise RuntimeError(f"{path}: reloaded pipeline produced non-finite values")
-    result = {"class": type(pipe).__name__, "image_shape": list(image.shape), "mean": round(float(image.mean()), 4),
-              "std": round(float(image.std()), 4), "load_s": round(load_s, 2), "one_step_s": round(run_s, 2),
+    result = {"class": type(pipe).__name__, "output_shape": list(media.shape), "mean": round(float(media.mean()), 4),
+              "std": round(float(media.std()), 4), "load_s": round(load_s, 2), "one_step_s": round(run_s, 2),
               "components": {k: type(v).__name__ for k, v in pipe.components.items()}}
     log(f"verified reload: {result}")
     return result
@@ -259,18 +365,27 @@ def verify_load(path: Path, device: str, dtype: str, size: int) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=str(DEFAULT_OUT), help=f"output folder (default {DEFAULT_OUT})")
+    ap.add_argument("--family", default="pixart-sigma", choices=sorted(FAMILIES),
+                    help="which architecture (default pixart-sigma)")
+    ap.add_argument("--out", help="output folder (default models/pixart-sigma-1024-random or "
+                                  "models/wan2.1-t2v-1.3b-random)")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     ap.add_argument("--device", default="cuda", help="cuda | cuda:N | cpu (default cuda)")
-    ap.add_argument("--text-encoder-layers", type=int, default=24, help="T5 encoder blocks (24 = real; fewer for smoke)")
-    ap.add_argument("--transformer-layers", type=int, default=28, help="PixArt blocks (28 = real; fewer for smoke)")
+    ap.add_argument("--text-encoder-layers", type=int, help="encoder blocks (default: the real 24; fewer for smoke)")
+    ap.add_argument("--transformer-layers", type=int,
+                    help="transformer blocks (default: the real 28 PixArt / 30 Wan; fewer for smoke)")
     ap.add_argument("--skip-check", action="store_true", help="skip the finite-output forward before saving")
-    ap.add_argument("--check-latent-side", type=int, default=0, help="latent side of the check (default 128 cuda, 32 cpu)")
+    ap.add_argument("--check-latent-side", type=int, default=0,
+                    help="latent height and width of the check (default: the real size on cuda, small on cpu)")
     ap.add_argument("--verify", action="store_true", help="reload with from_pretrained and run 1 step afterwards")
-    ap.add_argument("--verify-size", type=int, default=256, help="image side of the --verify step (default 256)")
+    ap.add_argument("--verify-size", type=int, default=256, help="image/frame side of the --verify step (default 256)")
     ap.add_argument("--if-missing", action="store_true",
-                    help="do nothing when --out already holds a finished build of the same shape and dtype")
+                    help="do nothing when --out already holds a finished build of the same family, shape and dtype")
     args = ap.parse_args()
+    family = FAMILIES[args.family]
+    args.out = args.out or str(family.default_out)
+    args.text_encoder_layers = args.text_encoder_layers or family.text_encoder_layers
+    args.transformer_layers = args.transformer_layers or family.transformer_layers
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("error: --device cuda but torch sees no GPU (use --device cpu for a reduced smoke)", file=sys.stderr)
@@ -278,15 +393,15 @@ def main() -> int:
     out = Path(args.out)
     if args.if_missing and (out / "build_info.json").exists():
         prev = json.loads((out / "build_info.json").read_text())
-        if (prev.get("dtype"), prev.get("text_encoder_layers"), prev.get("transformer_layers")) == (
-                args.dtype, args.text_encoder_layers, args.transformer_layers):
+        if (prev.get("family"), prev.get("dtype"), prev.get("text_encoder_layers"), prev.get("transformer_layers")) == (
+                args.family, args.dtype, args.text_encoder_layers, args.transformer_layers):
             log(f"{out} already built ({prev.get('size_bytes', 0) / 2**30:.2f} GiB); skipping (--if-missing)")
             return 0
     start = time.perf_counter()
     try:
-        info = build(args)
+        info = build(args, family)
         if args.verify:
-            info["verify"] = verify_load(out, args.device, args.dtype, args.verify_size)
+            info["verify"] = verify_load(out, family, args.device, args.dtype, args.verify_size)
             (out / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
     except Exception as exc:  # one clear line, then the traceback for the log
         import traceback

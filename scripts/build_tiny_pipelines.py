@@ -30,12 +30,16 @@ import numpy as np
 import torch
 from diffusers import (
     AutoencoderKL,
+    AutoencoderKLWan,
     DiffusionPipeline,
     DPMSolverMultistepScheduler,
     PixArtSigmaPipeline,
     PixArtTransformer2DModel,
+    UniPCMultistepScheduler,
+    WanPipeline,
+    WanTransformer3DModel,
 )
-from transformers import T5Config, T5EncoderModel, T5Tokenizer
+from transformers import PreTrainedModel, T5EncoderModel, T5Tokenizer, UMT5EncoderModel
 
 SEED = 0
 
@@ -97,8 +101,63 @@ PIXART_SIGMA_SCHEDULER_CONFIG = dict(
     steps_offset=0,
 )
 
+# Wan-AI/Wan2.1-T2V-1.3B-Diffusers transformer/config.json: the tiny build shrinks it,
+# scripts/build_full_size_random.py uses it whole.
+WAN_T2V_TRANSFORMER_CONFIG = dict(
+    patch_size=[1, 2, 2],  # (frames, height, width)
+    num_attention_heads=12,
+    attention_head_dim=128,  # hidden 1536
+    in_channels=16,
+    out_channels=16,
+    text_dim=4096,  # UMT5-XXL d_model
+    freq_dim=256,
+    ffn_dim=8960,
+    num_layers=30,
+    cross_attn_norm=True,
+    qk_norm="rms_norm_across_heads",
+    eps=1e-6,
+    image_dim=None,
+    added_kv_proj_dim=None,
+    rope_max_seq_len=1024,
+)
 
-def tiny_t5_tokenizer() -> T5Tokenizer:
+# Its vae/config.json (the Wan2.1 VAE: 8x spatial and 4x temporal compression, 16 latent
+# channels with per-channel statistics the pipeline un-normalises before decoding).
+WAN_VAE_CONFIG = dict(
+    base_dim=96,
+    z_dim=16,
+    dim_mult=[1, 2, 4, 4],
+    num_res_blocks=2,
+    attn_scales=[],
+    temperal_downsample=[False, True, True],
+    dropout=0.0,
+    latents_mean=[-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
+                  0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921],
+    latents_std=[2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
+                 3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160],
+)
+
+# Its scheduler/scheduler_config.json: UniPC on flow-matching sigmas shifted by 3.0 (480p).
+WAN_T2V_SCHEDULER_CONFIG = dict(
+    num_train_timesteps=1000,
+    beta_start=0.0001,
+    beta_end=0.02,
+    beta_schedule="linear",
+    solver_order=2,
+    prediction_type="flow_prediction",
+    predict_x0=True,
+    solver_type="bh2",
+    lower_order_final=True,
+    disable_corrector=[],
+    use_flow_sigmas=True,
+    flow_shift=3.0,
+    timestep_spacing="linspace",
+    steps_offset=0,
+    final_sigmas_type="zero",
+)
+
+
+def tiny_t5_tokenizer(model_max_length: int = 300) -> T5Tokenizer:
     """Unigram T5 tokenizer over printable ASCII plus common words, built in memory.
 
     Scores are log-prob-like: a whole word beats spelling it out, and a
@@ -109,12 +168,14 @@ def tiny_t5_tokenizer() -> T5Tokenizer:
         scores.setdefault("▁" + c, -9.0)
         scores.setdefault(c, -10.0)
     vocab = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), *scores.items()]  # ids 0, 1, 2 as in real T5
-    return T5Tokenizer(vocab=vocab, extra_ids=0, model_max_length=300)
+    return T5Tokenizer(vocab=vocab, extra_ids=0, model_max_length=model_max_length)
 
 
-def tiny_t5_encoder(vocab_size: int, d_model: int) -> T5EncoderModel:
-    """T5 v1.1-style encoder (gated-gelu, no output rescaling) like PixArt's T5-XXL."""
-    config = T5Config(
+def tiny_t5_encoder(vocab_size: int, d_model: int,
+                    model_class: type[PreTrainedModel] = T5EncoderModel) -> PreTrainedModel:
+    """T5 v1.1-style encoder (gated-gelu, no output rescaling) like PixArt's T5-XXL, or with
+    `model_class=UMT5EncoderModel` like Wan's UMT5-XXL (per-layer relative attention bias)."""
+    config = model_class.config_class(
         vocab_size=vocab_size,
         d_model=d_model,
         d_kv=16,
@@ -132,7 +193,7 @@ def tiny_t5_encoder(vocab_size: int, d_model: int) -> T5EncoderModel:
         decoder_start_token_id=0,
     )
     torch.manual_seed(SEED)
-    return T5EncoderModel(config).eval()
+    return model_class(config).eval()
 
 
 def tiny_sdxl_style_vae() -> AutoencoderKL:
@@ -174,6 +235,28 @@ def build_tiny_pixart_sigma() -> DiffusionPipeline:
     )
 
 
+def build_tiny_wan_t2v() -> DiffusionPipeline:
+    """Wan2.1-T2V-1.3B shrunk: same classes, compression factors, latent statistics and
+    scheduler; one narrow transformer block and a 2-channel VAE, so that even an
+    81-frame 480x832 video stays affordable on a CPU."""
+    tokenizer = tiny_t5_tokenizer(model_max_length=512)
+    text_encoder = tiny_t5_encoder(vocab_size=len(tokenizer), d_model=32, model_class=UMT5EncoderModel)
+    torch.manual_seed(SEED)
+    vae = AutoencoderKLWan(**{**WAN_VAE_CONFIG, "base_dim": 2, "num_res_blocks": 0}).eval()
+    torch.manual_seed(SEED)
+    transformer = WanTransformer3DModel(**{
+        **WAN_T2V_TRANSFORMER_CONFIG,
+        "num_attention_heads": 2,
+        "attention_head_dim": 8,
+        "ffn_dim": 32,
+        "num_layers": 1,
+        "text_dim": text_encoder.config.d_model,
+    }).eval()
+    scheduler = UniPCMultistepScheduler(**WAN_T2V_SCHEDULER_CONFIG)
+    return WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, transformer=transformer,
+                       scheduler=scheduler)
+
+
 @dataclass(frozen=True)
 class TinySpec:
     """How to build one tiny pipeline and the cheap call that proves it works."""
@@ -193,6 +276,10 @@ PIPELINES: dict[str, TinySpec] = {
             use_resolution_binning=False,  # binning only knows the real 256-2048px sample sizes
             clean_caption=False,
         ),
+    ),
+    "tiny-wan-t2v": TinySpec(
+        build=build_tiny_wan_t2v,
+        smoke_kwargs=dict(prompt="a photo of a cat", height=64, width=64, num_frames=9, num_inference_steps=2),
     ),
 }
 

@@ -1,12 +1,18 @@
 #!/usr/bin/env python
-"""Generate one image through a running server and write it as PNG, with a progress bar.
+"""Generate one image or video through a running server and write it, with a progress bar.
 
     python scripts/generate.py "a red cat on a sofa" --seed 1 --output cat.png
+    python scripts/generate.py "waves at dusk" --task txt2vid --frames 17 --output waves.mp4
+
+Images are written as PNG. Videos are written as the server's MP4 (H.264) when --output
+ends in .mp4, else as the raw uint8 frames [F, H, W, 3] in a .npy file.
 """
 from __future__ import annotations
 
 import argparse
 import sys
+
+import numpy as np
 import time
 from pathlib import Path
 
@@ -15,30 +21,41 @@ from tqdm import tqdm
 from tritonclient.utils import InferenceServerException
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "backends"))
-from ditserve.client import PROTOCOLS, DitClient, GenerationRequest  # noqa: E402
+from ditserve.client import MEDIA_OUTPUT, PROTOCOLS, DitClient, GenerationRequest  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("prompt")
+    p.add_argument("--task", choices=sorted(MEDIA_OUTPUT), default="txt2img",
+                   help="what the server's deployment makes (default: %(default)s)")
+    p.add_argument("--frames", type=int, dest="num_frames", help="txt2vid: number of frames (4k+1)")
+    p.add_argument("--fps", type=int, help="txt2vid: frame rate of the MP4")
     p.add_argument("--negative-prompt")
     p.add_argument("--height", type=int)
     p.add_argument("--width", type=int)
     p.add_argument("--steps", type=int, dest="num_inference_steps")
     p.add_argument("--guidance", type=float, dest="guidance_scale")
     p.add_argument("--seed", type=int)
-    p.add_argument("--output", default="outputs/image.png", help="PNG path (default: %(default)s)")
+    p.add_argument("--output", help="PNG for images; .mp4 or .npy for videos "
+                                     "(default: outputs/image.png or outputs/video.mp4)")
     p.add_argument("--url", help="server address (default 127.0.0.1:8001 for gRPC, :8000 for HTTP)")
     p.add_argument("--protocol", choices=PROTOCOLS, default="grpc-stream",
                    help="grpc-stream shows per-step progress (default); grpc/http call the unary model")
     p.add_argument("--shm", choices=("system", "cuda"),
-                   help="receive the image in a shared-memory region (needs --height and --width)")
+                   help="receive the media in a shared-memory region (needs --height, --width and, for video, "
+                        "--frames)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before giving up")
     args = p.parse_args(argv)
 
+    video = args.task == "txt2vid"
+    out = Path(args.output or ("outputs/video.mp4" if video else "outputs/image.png"))
+    if not video and (args.num_frames or args.fps):
+        p.error("--frames and --fps are for --task txt2vid")
     url = args.url or ("127.0.0.1:8000" if args.protocol == "http" else "127.0.0.1:8001")
     request = GenerationRequest(args.prompt, args.negative_prompt, args.height, args.width,
-                                args.num_inference_steps, args.guidance_scale, args.seed)
+                                args.num_inference_steps, args.guidance_scale, args.seed, args.num_frames, args.fps,
+                                "mp4" if video and out.suffix == ".mp4" else None)
     bar = tqdm(desc="denoising", unit="step", disable=args.protocol != "grpc-stream")
 
     def on_progress(done: int, total: int) -> None:
@@ -47,12 +64,12 @@ def main(argv: list[str] | None = None) -> int:
 
     start = time.monotonic()
     try:
-        with DitClient(url, args.protocol, shm=args.shm) as client:
+        with DitClient(url, args.protocol, task=args.task, shm=args.shm) as client:
             result = client.generate(request, on_progress, timeout_s=args.timeout)
     except InferenceServerException as exc:
         print(f"error: the server rejected the request: {exc.message()}", file=sys.stderr)
         return 1
-    except ValueError as exc:  # e.g. --shm without --height/--width
+    except ValueError as exc:  # e.g. --shm without --height/--width/--frames
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:  # connection refused, timeout: say what to check
@@ -61,11 +78,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     finally:
         bar.close()
-    out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(result.image).save(out)
-    print(f"wrote {out} ({result.image.shape[1]}x{result.image.shape[0]}, seed {result.seed}) "
-          f"in {time.monotonic() - start:.2f}s")
+    if result.video_mp4 is not None:
+        out.write_bytes(result.video_mp4)
+    elif video:
+        np.save(out, result.media)
+    else:
+        Image.fromarray(result.media).save(out)
+    *frames, height, width, _ = result.media.shape
+    what = f"{frames[0]} frames of " if frames else ""
+    print(f"wrote {out} ({what}{width}x{height}, seed {result.seed}) in {time.monotonic() - start:.2f}s")
     return 0
 
 

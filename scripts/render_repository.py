@@ -1,11 +1,14 @@
 #!/usr/bin/env python
-"""Render model_repository/ for another deployment: capacity lives in config.pbtxt.
+"""Render model_repository/ for another deployment: what Triton must know lives in config.pbtxt.
 
 Triton reads batching policy from config.pbtxt, which cannot read our TOML, so the
 deployment's [engine] capacity is written into `dit` (max_batch_size and
 max_candidate_sequences) and into the instance count of the public models (an instance
-serves one generation at a time). The committed repository is
-the render of the default deployment; a test keeps them equal.
+serves one generation at a time). The public models are named for the family's task
+(`txt2img` + `txt2img_stream`, `txt2vid` + `txt2vid_stream`), and every model but those
+of the default deployment names its deployment (parameter `deployment`), so a plain
+`tritonserver --model-repository DIR` serves the right checkpoint. The committed
+repository is the render of the default deployment; a test keeps them equal.
 
 `--gpus N` (N > 0) places one instance of each device stage (text_encoder, dit, vae_decode)
 on each of GPUs 0..N-1 (KIND_GPU; the stage then loads onto cuda:<model_instance_device_id>,
@@ -18,6 +21,7 @@ groups (the deployment's [model] device places the weights).
 
     python scripts/render_repository.py --deployment configs/pixart-sigma-1024.toml --out /tmp/repo
     python scripts/render_repository.py --deployment configs/pixart-sigma-1024.toml --gpus 2 --out /tmp/repo2
+    python scripts/render_repository.py --deployment configs/tiny-wan-t2v.toml --out /tmp/wan
 """
 from __future__ import annotations
 
@@ -29,10 +33,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "backends"))
-from ditserve.deployment import load_deployment  # noqa: E402
+from ditserve.deployment import DEFAULT_DEPLOYMENT, REPO_ROOT, Deployment, load_deployment  # noqa: E402
 
-# Public models run one generation per instance at a time (see stages/generate.py).
-PUBLIC_MODELS = ("txt2img", "txt2img_stream")
+PUBLIC_STAGE = 'parameters { key: "stage" value: { string_value: "generate" } }'
 # Stages that load weights onto a device: one instance per GPU with --gpus.
 DEVICE_STAGES = ("text_encoder", "dit", "vae_decode")
 
@@ -42,7 +45,22 @@ def gpu_instance_group(gpus: int) -> str:
     return f"instance_group [{groups}]  # one instance per GPU (render_repository.py --gpus {gpus})"
 
 
-def render(template: Path, out: Path, capacity: int, gpus: int = 0) -> None:
+def deployment_reference(deployment: Deployment) -> str | None:
+    """What the `deployment` parameter says: a repo-relative path when it can, None for the default."""
+    path = Path(deployment.source).resolve()
+    if path == (REPO_ROOT / DEFAULT_DEPLOYMENT).resolve():
+        return None
+    return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
+
+
+def public_models(repo: Path) -> list[Path]:
+    """Model folders whose stage is `generate` (the public `<task>` / `<task>_stream` pair)."""
+    return sorted(p for p in repo.iterdir() if (p / "config.pbtxt").exists()
+                  and PUBLIC_STAGE in (p / "config.pbtxt").read_text())
+
+
+def render(template: Path, out: Path, deployment: Deployment, gpus: int = 0) -> None:
+    capacity = deployment.engine.capacity
     if out.resolve() != template.resolve():
         shutil.rmtree(out, ignore_errors=True)
         shutil.copytree(template, out)
@@ -50,9 +68,18 @@ def render(template: Path, out: Path, capacity: int, gpus: int = 0) -> None:
     text = re.sub(r"^max_batch_size: \d+", f"max_batch_size: {capacity}", dit.read_text(), flags=re.M)
     text = re.sub(r"max_candidate_sequences: \d+", f"max_candidate_sequences: {capacity}", text)
     dit.write_text(text)
-    for model in PUBLIC_MODELS:
-        config = out / model / "config.pbtxt"
+    for model in public_models(out):
+        config = model / "config.pbtxt"
         config.write_text(re.sub(r"count: \d+", f"count: {capacity * max(gpus, 1)}", config.read_text()))
+        name = deployment.task + ("_stream" if model.name.endswith("_stream") else "")
+        if model.name != name:
+            model.rename(model.with_name(name))
+    reference = deployment_reference(deployment)
+    for config in sorted(out.glob("*/config.pbtxt")):
+        text = re.sub(r'^parameters \{ key: "deployment".*\n', "", config.read_text(), flags=re.M)
+        if reference:
+            text += f'parameters {{ key: "deployment" value: {{ string_value: "{reference}" }} }}\n'
+        config.write_text(text)
     if gpus > 0:
         for model in DEVICE_STAGES:
             config = out / model / "config.pbtxt"
@@ -73,9 +100,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.gpus < 0:
         p.error("--gpus must be >= 0")
-    capacity = load_deployment(args.deployment).engine.capacity
-    render(args.template, args.out, capacity, args.gpus)
-    print(f"rendered {args.out} for {args.deployment} (capacity {capacity}, gpus {args.gpus})")
+    deployment = load_deployment(args.deployment)
+    render(args.template, args.out, deployment, args.gpus)
+    print(f"rendered {args.out} for {args.deployment} (task {deployment.task}, capacity "
+          f"{deployment.engine.capacity}, gpus {args.gpus})")
     return 0
 
 

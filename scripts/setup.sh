@@ -8,7 +8,7 @@ if [ ! -x .venv/bin/python ]; then
     echo "[setup] creating .venv with $($PY --version)"
     $PY -m venv .venv
 fi
-if ! .venv/bin/python -c "import ditserve, pytriton, tritonclient.grpc, diffusers, hypothesis, kubernetes_validate" 2>/dev/null; then
+if ! .venv/bin/python -c "import ditserve, pytriton, tritonclient.grpc, diffusers, av, ftfy, hypothesis, kubernetes_validate, matplotlib" 2>/dev/null; then
     # torch first, pinned: an unpinned torch would pull a multi-GB CUDA build on a CPU machine.
     echo "[setup] installing ${TORCH_SPEC:=torch==2.13.0} and the package (.[server,test])"
     .venv/bin/pip install -q --disable-pip-version-check "$TORCH_SPEC"

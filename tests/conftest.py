@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +16,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from ditserve.launcher import ServerOptions, TritonServer, free_ports  # noqa: E402
 
 TINY_PIXART = ROOT / "models" / "tiny-pixart-sigma"
+TINY_WAN = ROOT / "models" / "tiny-wan-t2v"
+WAN_DEPLOYMENT = ROOT / "configs" / "tiny-wan-t2v.toml"
 
 
 
@@ -38,6 +41,43 @@ def server(tmp_path_factory):
     srv = start_server(tmp_path_factory.mktemp("triton"), "server")
     yield srv
     srv.stop()
+
+
+def render_repository(deployment: Path, out: Path) -> Path:
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "render_repository.py"), "--deployment", str(deployment),
+                    "--out", str(out)], check=True, capture_output=True)
+    return out
+
+
+@pytest.fixture(scope="session")
+def wan_server(tmp_path_factory):
+    """A second real server, on the repository rendered for the tiny Wan2.1 T2V deployment."""
+    if not TINY_WAN.exists():
+        pytest.fail(f"{TINY_WAN} is missing: run `bash scripts/setup.sh` (it builds the tiny pipelines)")
+    tmp = tmp_path_factory.mktemp("triton-wan")
+    repo = render_repository(WAN_DEPLOYMENT, tmp / "repo")
+    srv = start_server(tmp, "wan-server", model_repository=repo, deployment=str(WAN_DEPLOYMENT))
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def diffusers_wan():
+    """The video oracle: plain diffusers WanPipeline on the same tiny checkpoint."""
+    from diffusers import WanPipeline
+
+    return WanPipeline.from_pretrained(str(TINY_WAN))
+
+
+def diffusers_video(pipe, prompt: str, seed: int, steps: int, guidance: float, num_frames: int, height: int = 64,
+                    width: int = 64, negative_prompt: str = "") -> np.ndarray:
+    """uint8 [F, H, W, 3] from diffusers, rounded as for images."""
+    import torch
+
+    frames = pipe(prompt, negative_prompt=negative_prompt, height=height, width=width, num_frames=num_frames,
+                  num_inference_steps=steps, guidance_scale=guidance,
+                  generator=torch.Generator("cpu").manual_seed(seed), output_type="np").frames
+    return (frames[0] * 255).round().astype(np.uint8)
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import tritonclient.grpc as grpcclient
 
-from ditserve.client import GenerationRequest
+from ditserve.client import MEDIA_OUTPUT, GenerationRequest
 
 
 def grpc_inputs(request: GenerationRequest) -> list:
@@ -23,18 +23,23 @@ def grpc_inputs(request: GenerationRequest) -> list:
 
 @dataclass
 class StreamCall:
-    """One txt2img_stream request on its own gRPC stream, so it can be cancelled alone."""
+    """One `<task>_stream` request on its own gRPC stream, so it can be cancelled alone."""
 
     url: str
     request: GenerationRequest
     responses: queue.Queue = field(default_factory=queue.Queue)
     progress: list = field(default_factory=list)
     timeout_us: int | None = None   # Triton's request-level `timeout` parameter
+    task: str = "txt2img"
+
+    @property
+    def media(self) -> str:
+        return MEDIA_OUTPUT[self.task]
 
     def start(self) -> "StreamCall":
         self.client = grpcclient.InferenceServerClient(self.url)
         self.client.start_stream(callback=lambda result, error: self.responses.put((time.monotonic(), result, error)))
-        self.client.async_stream_infer("txt2img_stream", grpc_inputs(self.request), timeout=self.timeout_us)
+        self.client.async_stream_infer(f"{self.task}_stream", grpc_inputs(self.request), timeout=self.timeout_us)
         return self
 
     def next(self, timeout: float = 120):
@@ -47,19 +52,19 @@ class StreamCall:
             self.progress.append(tuple(int(v) for v in result.as_numpy("progress")))
 
     def finish(self, timeout: float = 120):
-        """Collect responses until the image or an error; returns (all progress seen, image)."""
+        """Collect responses until the media or an error; returns (all progress seen, media)."""
         while True:
             _, result, error = self.next(timeout)
             if error is not None:
                 raise error
-            image = result.as_numpy("image")
-            if image is not None:
+            media = result.as_numpy(self.media)
+            if media is not None:
                 self.close()
-                return self.progress, image
+                return self.progress, media
             self.progress.append(tuple(int(v) for v in result.as_numpy("progress")))
 
     def outcome(self, timeout: float = 120, quiet_s: float = 0.3) -> tuple[str, object]:
-        """The one terminal outcome: ("image", array) or ("error", message); progress is consumed.
+        """The one terminal outcome: (media name, array) or ("error", message); progress is consumed.
 
         Waits `quiet_s` more and fails if anything else arrives (a second terminal response)."""
         while True:
@@ -67,9 +72,9 @@ class StreamCall:
             if error is not None:
                 kind, value = "error", error.message()
                 break
-            image = result.as_numpy("image")
-            if image is not None:
-                kind, value = "image", image
+            media = result.as_numpy(self.media)
+            if media is not None:
+                kind, value = self.media, media
                 break
             self.progress.append(tuple(int(v) for v in result.as_numpy("progress")))
         time.sleep(quiet_s)

@@ -162,7 +162,7 @@ PEER = GenerationRequest("#slow-peer a healthy peer", seed=7, num_inference_step
 @pytest.fixture(scope="module")
 def peer_reference(fault_server):
     with DitClient(fault_server.grpc_url, "grpc") as client:
-        return client.generate(PEER).image
+        return client.generate(PEER).media
 
 
 def _unary_outcome(server, request: GenerationRequest, timeout_us: int | None) -> tuple[str, object]:
@@ -240,7 +240,7 @@ def _run_fault_case(server, peer_reference, prompt, height, protocol, timeout_us
         assert health.is_server_ready() and all(health.is_model_ready(m) for m in
                                                   ("txt2img", "txt2img_stream", "text_encoder", "dit", "vae_decode"))
     with DitClient(server.grpc_url, "grpc") as client:   # the next request succeeds
-        assert client.generate(GenerationRequest("next", seed=1, num_inference_steps=2)).image.shape == (64, 64, 3)
+        assert client.generate(GenerationRequest("next", seed=1, num_inference_steps=2)).media.shape == (64, 64, 3)
     if shared == "batch":
         return all("in a forward of 2 requests" in message for _, message in outcomes)
     if shared == "retry":

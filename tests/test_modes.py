@@ -5,12 +5,9 @@ here each other mode gets its own server from a rendered repository.
 """
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
-from conftest import ROOT, diffusers_image, start_server
+from conftest import ROOT, diffusers_image, render_repository, start_server
 from ditserve.client import GenerationRequest
 from helpers import StreamCall, scrape
 from test_txt2img import assert_matches
@@ -24,10 +21,7 @@ def write_deployment(tmp_path, mode: str, capacity: int):
     text = base.replace('mode = "step"', f'mode = "{mode}"').replace("capacity = 4", f"capacity = {capacity}")
     deployment = tmp_path / f"{mode}-{capacity}.toml"
     deployment.write_text(text)
-    repo = tmp_path / f"repo-{mode}-{capacity}"
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "render_repository.py"), "--deployment", str(deployment),
-                    "--out", str(repo)], check=True, capture_output=True)
-    return deployment, repo
+    return deployment, render_repository(deployment, tmp_path / f"repo-{mode}-{capacity}")
 
 
 @pytest.fixture(scope="module", params=MODES, ids=[f"{m}-cap{c}" for m, c in MODES])

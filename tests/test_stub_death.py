@@ -164,7 +164,7 @@ def test_dit_stub_death_fails_in_flight_requests_then_a_reload_recovers(explicit
              for i in range(4)]
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(unary_call, range(4)))
-    assert all(r.image.shape == (64, 64, 3) for r in results)
+    assert all(r.media.shape == (64, 64, 3) for r in results)
     assert all(call.outcome(timeout=60)[0] == "image" for call in calls)
     after = scrape(server.metrics_url)
     assert after[("ditserve_requests_completed_total", "txt2img_stream")] - \

@@ -37,7 +37,7 @@ def test_parity_with_diffusers_on_every_protocol(server, diffusers_pixart, proto
     with DitClient(url, protocol) as client:
         result = client.generate(request)
     assert result.seed == 42
-    assert_matches(result.image, diffusers_image(diffusers_pixart, request.prompt, 42, 8, 4.5))
+    assert_matches(result.media, diffusers_image(diffusers_pixart, request.prompt, 42, 8, 4.5))
 
 
 @pytest.mark.parametrize("height, width, guidance, negative", [
@@ -49,9 +49,9 @@ def test_parity_other_shapes_and_guidance(server, diffusers_pixart, height, widt
                                 num_inference_steps=5, guidance_scale=guidance, seed=7)
     with DitClient(server.grpc_url, "grpc") as client:
         result = client.generate(request)
-    assert result.image.shape == (height, width, 3)
+    assert result.media.shape == (height, width, 3)
     expected = diffusers_image(diffusers_pixart, request.prompt, 7, 5, guidance, height, width, negative or "")
-    assert_matches(result.image, expected)
+    assert_matches(result.media, expected)
 
 
 def test_stream_reports_every_step_then_the_image(server):
@@ -60,7 +60,7 @@ def test_stream_reports_every_step_then_the_image(server):
         result = client.generate(GenerationRequest("a castle", num_inference_steps=6, seed=3),
                                  on_progress=lambda done, total: progress.append((done, total)))
     assert progress == [(i, 6) for i in range(1, 7)]
-    assert result.image.shape == (64, 64, 3)
+    assert result.media.shape == (64, 64, 3)
 
 
 def test_unary_model_answers_a_grpc_stream_with_one_response(server):
@@ -85,7 +85,7 @@ def test_missing_seed_is_drawn_returned_and_reproducible(server):
     with DitClient(server.grpc_url, "grpc") as client:
         first = client.generate(GenerationRequest("a forest", num_inference_steps=3))
         again = client.generate(GenerationRequest("a forest", num_inference_steps=3, seed=first.seed))
-    assert np.array_equal(first.image, again.image)
+    assert np.array_equal(first.media, again.media)
 
 
 @pytest.mark.parametrize("field, value, words", [
@@ -108,7 +108,7 @@ def test_bad_input_is_rejected_and_the_server_stays_healthy(server, field, value
     with httpclient.InferenceServerClient(server.http_url) as health:
         assert health.is_server_ready()
     with DitClient(server.grpc_url, "grpc") as client:
-        assert client.generate(GenerationRequest("a cat", seed=1, num_inference_steps=2)).image.shape == (64, 64, 3)
+        assert client.generate(GenerationRequest("a cat", seed=1, num_inference_steps=2)).media.shape == (64, 64, 3)
 
 
 def test_wrong_dtype_is_rejected_by_name(server):

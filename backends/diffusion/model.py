@@ -3,7 +3,9 @@
 Each model in the repository picks its stage with `parameters { key: "stage" ... }`;
 the work happens in `ditserve.stages.<stage>` (business logic lives in the package).
 """
+import faulthandler
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -28,6 +30,9 @@ class TritonPythonModel:
         return stage_class(_stage_of(auto_complete_model_config.as_dict())).auto_complete(auto_complete_model_config)
 
     def initialize(self, args):
+        # `kill -USR1 <stub pid>` prints every thread's Python stack to the server log:
+        # how to see where a stalled stage waits (perf/README.md, "diagnosing a stall").
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
         config = json.loads(args["model_config"])
         self.stage = stage_class(_stage_of(config))(args, config)
 

@@ -2,12 +2,17 @@
 
     client = DitClient("127.0.0.1:8001", protocol="grpc-stream")
     result = client.generate(GenerationRequest("a red cat", seed=1), on_progress=print)
-    result.image  # numpy uint8 [H, W, 3]
+    result.media  # numpy uint8 [H, W, 3]
 
-`grpc-stream` calls `txt2img_stream` and reports one (done, total) pair per denoise
-step; `grpc` and `http` call `txt2img` and get only the final image. With
-`shm="system"` or `shm="cuda"` the image is written into a shared-memory region this
-client registered (see `ditserve.shm`); the request must then give height and width.
+    video = DitClient("127.0.0.1:8001", task="txt2vid")
+    result = video.generate(GenerationRequest("a wave", num_frames=17, output_format="mp4"))
+    result.media, result.video_mp4  # uint8 [F, H, W, 3], MP4 bytes
+
+`grpc-stream` calls `<task>_stream` and reports one (done, total) pair per denoise
+step; `grpc` and `http` call `<task>` and get only the final media. With
+`shm="system"` or `shm="cuda"` the media is written into a shared-memory region this
+client registered (see `ditserve.shm`); the request must then give height and width
+(and num_frames for video) so the region can be sized.
 """
 from __future__ import annotations
 
@@ -21,11 +26,13 @@ import numpy as np
 from .shm import OutputRegionPool
 
 PROTOCOLS = ("grpc-stream", "grpc", "http")
+MEDIA_OUTPUT = {"txt2img": "image", "txt2vid": "video"}
 
 
 @dataclass
 class GenerationRequest:
-    """One text-to-image request; None leaves the deployment's default."""
+    """One generation request; None leaves the deployment's default. The video inputs
+    (num_frames, fps, output_format) are for txt2vid only."""
 
     prompt: str
     negative_prompt: str | None = None
@@ -34,6 +41,9 @@ class GenerationRequest:
     num_inference_steps: int | None = None
     guidance_scale: float | None = None
     seed: int | None = None
+    num_frames: int | None = None
+    fps: int | None = None
+    output_format: str | None = None
 
     def tensors(self) -> list[tuple[str, np.ndarray, str]]:
         """(name, value with shape [1], Triton dtype) for every input that is set."""
@@ -45,6 +55,9 @@ class GenerationRequest:
             ("num_inference_steps", self.num_inference_steps, np.int32, "INT32"),
             ("guidance_scale", self.guidance_scale, np.float32, "FP32"),
             ("seed", self.seed, np.int64, "INT64"),
+            ("num_frames", self.num_frames, np.int32, "INT32"),
+            ("fps", self.fps, np.int32, "INT32"),
+            ("output_format", self.output_format, np.object_, "BYTES"),
         ]
         out = []
         for name, value, np_type, triton_type in fields:
@@ -56,21 +69,33 @@ class GenerationRequest:
         return out
 
 
+    def media_bytes(self) -> int:
+        """Size of the raw media output, to size a shared-memory region."""
+        if self.height is None or self.width is None:
+            raise ValueError("shared-memory output needs explicit height and width to size the region")
+        return (self.num_frames or 1) * self.height * self.width * 3
+
+
 @dataclass
 class GenerationResult:
-    image: np.ndarray      # uint8 [H, W, 3]
+    # uint8 [H, W, 3] (image) or [F, H, W, 3] (video): numpy, or with shm="cuda" and
+    # keep_on_gpu=True a torch CUDA view of the region (no host copy), valid until the next request.
+    media: Any
     seed: int
-    steps_reported: int    # progress responses received (streaming only)
-    image_gpu: Any = None  # shm="cuda": torch view of the region, valid until the next request
+    steps_reported: int        # progress responses received (streaming only)
+    video_mp4: bytes | None = None  # txt2vid with output_format="mp4"
 
 
 class DitClient:
-    def __init__(self, url: str, protocol: str = "grpc-stream", model: str = "txt2img", shm: str | None = None,
+    def __init__(self, url: str, protocol: str = "grpc-stream", task: str = "txt2img", shm: str | None = None,
                  shm_device: int = 0):
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol {protocol!r}; choose one of {PROTOCOLS}")
+        if task not in MEDIA_OUTPUT:
+            raise ValueError(f"task {task!r}; choose one of {sorted(MEDIA_OUTPUT)}")
         self.protocol = protocol
-        self.model = model
+        self.model = task
+        self.media_name = MEDIA_OUTPUT[task]
         if protocol == "http":
             import tritonclient.http as module
         else:
@@ -89,36 +114,44 @@ class DitClient:
             inputs.append(tensor)
         return inputs
 
-    def _outputs(self, region=None, byte_size: int = 0) -> list:
-        outputs = [self._module.InferRequestedOutput(name) for name in ("image", "seed", "progress")]
+    def _outputs(self, request: GenerationRequest, region=None, byte_size: int = 0) -> list:
+        names = [self.media_name, "seed"]
+        if request.output_format == "mp4":
+            names.append("video_mp4")
+        if self.protocol == "grpc-stream":
+            names.append("progress")
+        outputs = [self._module.InferRequestedOutput(name) for name in names]
         if region is not None:
             outputs[0].set_shared_memory(region.name, byte_size)
-        return outputs if self.protocol == "grpc-stream" else outputs[:2]
+        return outputs
 
     def generate(self, request: GenerationRequest, on_progress: Callable[[int, int], None] | None = None,
-                 timeout_s: float | None = None) -> GenerationResult:
-        """Run one generation; raises tritonclient's InferenceServerException on a server error."""
+                 timeout_s: float | None = None, keep_on_gpu: bool = False) -> GenerationResult:
+        """Run one generation; raises tritonclient's InferenceServerException on a server error.
+
+        `keep_on_gpu` (shm="cuda" only) returns the media as a torch tensor viewing the CUDA
+        region instead of copying it to host memory."""
+        if keep_on_gpu and (self.pool is None or self.pool.kind != "cuda"):
+            raise ValueError("keep_on_gpu needs shm=\"cuda\"")
         region, byte_size = None, 0
         if self.pool:
-            if request.height is None or request.width is None:
-                raise ValueError("shared-memory output needs explicit height and width to size the region")
-            byte_size = request.height * request.width * 3
+            byte_size = request.media_bytes()
             region = self.pool.acquire(byte_size)
         try:
-            final, steps = self._infer(request, self._outputs(region, byte_size), on_progress, timeout_s)
+            final, steps = self._infer(request, self._outputs(request, region, byte_size), on_progress, timeout_s)
         except BaseException:
             if region is not None:
                 self.pool.release(region, broken=True)
             raise
         seed = int(final.as_numpy("seed")[0])
+        mp4 = final.as_numpy("video_mp4") if request.output_format == "mp4" else None
+        mp4 = None if mp4 is None else bytes(mp4.reshape(-1)[0])
         if region is None:
-            return GenerationResult(final.as_numpy("image"), seed, steps)
-        shape = self._output_shape(final, "image")
-        result = GenerationResult(self.pool.read(region, shape), seed, steps)
-        if self.pool.kind == "cuda":
-            result.image_gpu = self.pool.as_torch(region, shape)
+            return GenerationResult(final.as_numpy(self.media_name), seed, steps, video_mp4=mp4)
+        shape = self._output_shape(final, self.media_name)
+        media = self.pool.as_torch(region, shape) if keep_on_gpu else self.pool.read(region, shape)
         self.pool.release(region)
-        return result
+        return GenerationResult(media, seed, steps, video_mp4=mp4)
 
     def _output_shape(self, result, name: str) -> list[int]:
         output = result.get_output(name)
@@ -140,7 +173,7 @@ class DitClient:
                 result, error = responses.get(timeout=timeout_s)
                 if error is not None:
                     raise error
-                if result.get_output("image") is not None:
+                if result.get_output(self.media_name) is not None:
                     return result, steps
                 done, total = (int(v) for v in result.as_numpy("progress"))
                 steps += 1

@@ -20,6 +20,9 @@ except ModuleNotFoundError:  # Python 3.10 (the Triton 24.10 container)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_DEPLOYMENT = "configs/tiny-pixart-sigma.toml"
 ENGINE_MODES = ("serial", "request_batch", "step")
+# The task each model family serves; it names the public models (`<task>`, `<task>_stream`).
+FAMILY_TASKS = {"pixart-sigma": "txt2img", "wan-t2v": "txt2vid"}
+VIDEO_TASKS = ("txt2vid",)
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,8 @@ class Defaults:
     num_inference_steps: int = 20
     guidance_scale: float = 4.5
     negative_prompt: str = ""
+    num_frames: int = 1          # video tasks only
+    fps: int = 16                # video tasks only: frame rate written into MP4 output
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,12 @@ class Limits:
     max_steps: int = 100
     max_guidance_scale: float = 30.0
     max_prompt_bytes: int = 8192
+    # Video tasks only: num_frames in [min_frames, max_frames] with (num_frames - 1) a
+    # multiple of frames_step (the VAE's temporal compression; checked against the model).
+    min_frames: int = 1
+    max_frames: int = 1
+    frames_step: int = 4
+    max_fps: int = 120
 
 
 @dataclass(frozen=True)
@@ -77,6 +88,14 @@ class Deployment:
     engine: EngineSection = field(default_factory=EngineSection)
     faults: Faults = field(default_factory=Faults)
     source: str = ""
+
+    @property
+    def task(self) -> str:
+        return FAMILY_TASKS[self.model.family]
+
+    @property
+    def is_video(self) -> bool:
+        return self.task in VIDEO_TASKS
 
     def model_location(self) -> str:
         """A local folder (resolved against the repo root) when it exists, else a hub id."""
@@ -115,6 +134,8 @@ def load_deployment(path: str | os.PathLike | None = None) -> Deployment:
         faults=Faults(parse_rules(data.get("faults", {}))),
         source=str(path),
     )
+    if dep.model.family not in FAMILY_TASKS:
+        raise ValueError(f"deployment [model] family={dep.model.family!r} is unknown; known: {sorted(FAMILY_TASKS)}")
     if dep.engine.mode not in ENGINE_MODES:
         raise ValueError(f"deployment [engine] mode={dep.engine.mode!r}; allowed: {ENGINE_MODES}")
     if dep.engine.mode == "serial" and dep.engine.capacity != 1:

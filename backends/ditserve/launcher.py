@@ -207,6 +207,31 @@ class TritonServer:
         if self.process and self.process.poll() is None:
             self.process.send_signal(signal.SIGINT)
 
+    def stub_pids(self) -> list[int]:
+        """Python-backend stub processes of this server (they share its process group)."""
+        if not self.process or self.process.poll() is not None:
+            return []
+        pids = []
+        for proc in Path("/proc").iterdir():
+            try:
+                if proc.name.isdigit() and os.getpgid(int(proc.name)) == self.process.pid and \
+                        b"triton_python_backend_stub" in (proc / "cmdline").read_bytes():
+                    pids.append(int(proc.name))
+            except OSError:  # gone meanwhile
+                continue
+        return pids
+
+    def dump_stacks(self) -> list[int]:
+        """Ask every stub to print all its threads' Python stacks to the server log
+        (backends/diffusion/model.py registers the SIGUSR1 handler): where a stall waits."""
+        pids = self.stub_pids()
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+        return pids
+
     def kill(self) -> None:
         """Last resort: SIGKILL the server's whole process group, stubs included."""
         if self.process and self.process.poll() is None:

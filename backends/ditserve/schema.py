@@ -1,7 +1,8 @@
 """Public request schema of the generation models and its validation.
 
-`decode_request` turns the raw input tensors of `txt2img` / `txt2img_stream` into a
-`GenerationParams`, or raises `InvalidRequest` naming the input and its allowed range.
+`decode_request` turns the raw input tensors of a public model (`txt2img`, `txt2vid` and
+their `_stream` twins) into a `GenerationParams`, or raises `InvalidRequest` naming the
+input and its allowed range.
 It runs before any model work, so a bad request costs nothing and leaves no state.
 """
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import secrets
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Mapping
 
 import numpy as np
@@ -30,7 +31,7 @@ class InputSpec:
     optional: bool
 
 
-# The public API of txt2img / txt2img_stream (all shapes [1] except media).
+# The public API of txt2img / txt2img_stream (all shapes [1]).
 TXT2IMG_INPUTS = (
     InputSpec("prompt", "BYTES", False),
     InputSpec("negative_prompt", "BYTES", True),
@@ -40,6 +41,15 @@ TXT2IMG_INPUTS = (
     InputSpec("guidance_scale", "FP32", True),
     InputSpec("seed", "INT64", True),
 )
+# txt2vid / txt2vid_stream: the image inputs plus the video's length, rate and container.
+TXT2VID_INPUTS = TXT2IMG_INPUTS + (
+    InputSpec("num_frames", "INT32", True),
+    InputSpec("fps", "INT32", True),
+    InputSpec("output_format", "BYTES", True),
+)
+TASK_INPUTS = {"txt2img": TXT2IMG_INPUTS, "txt2vid": TXT2VID_INPUTS}
+# `raw`: uint8 frames only; `mp4`: also H.264 in MP4 (output `video_mp4`).
+OUTPUT_FORMATS = ("raw", "mp4")
 
 _NUMPY_KIND = {"BYTES": (np.object_, np.bytes_), "INT32": (np.int32,), "INT64": (np.int64,), "FP32": (np.float32,)}
 
@@ -56,6 +66,9 @@ class GenerationParams:
     guidance_scale: float
     seed: int
     seed_was_drawn: bool = False
+    num_frames: int = 1           # 1 for images
+    fps: int = 16                 # video only
+    output_format: str = "raw"    # video only: "raw" or "mp4"
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -102,12 +115,13 @@ def _in_range(name: str, value, low, high, multiple: int | None = None):
 def decode_request(inputs: Mapping[str, np.ndarray | None], deployment: Deployment) -> GenerationParams:
     """Validate raw inputs against the deployment's limits and fill defaults."""
     lim, dft = deployment.limits, deployment.defaults
-    known = {spec.name for spec in TXT2IMG_INPUTS}
+    specs = TASK_INPUTS[deployment.task]
+    known = {spec.name for spec in specs}
     extra = sorted(set(k for k, v in inputs.items() if v is not None) - known)
     if extra:
         raise InvalidRequest(f"unknown input(s) {extra}; allowed: {sorted(known)}")
     values = {}
-    for spec in TXT2IMG_INPUTS:
+    for spec in specs:
         raw = inputs.get(spec.name)
         if raw is None:
             if not spec.optional:
@@ -125,6 +139,11 @@ def decode_request(inputs: Mapping[str, np.ndarray | None], deployment: Deployme
         float(values.get("guidance_scale", dft.guidance_scale)),
         secrets.randbelow(MAX_SEED) if seed_was_drawn else int(values["seed"]), seed_was_drawn,
     )
+    if deployment.is_video:
+        fmt = values.get("output_format")
+        fmt = "raw" if fmt is None else _text("output_format", fmt, 16, allow_empty=False)
+        params = replace(params, num_frames=int(values.get("num_frames", dft.num_frames)),
+                         fps=int(values.get("fps", dft.fps)), output_format=fmt)
     return check_params(params, deployment)
 
 
@@ -153,4 +172,19 @@ def check_params(params: GenerationParams, deployment: Deployment) -> Generation
                              f"[0, {lim.max_guidance_scale}]")
     _in_range("guidance_scale", params.guidance_scale, 0.0, lim.max_guidance_scale)
     _in_range("seed", params.seed, 0, MAX_SEED)
+    for name in ("num_frames", "fps"):
+        if isinstance(getattr(params, name), bool) or not isinstance(getattr(params, name), int):
+            raise InvalidRequest(f"input '{name}' must be an integer")
+    if not deployment.is_video:
+        if (params.num_frames, params.output_format) != (1, "raw"):
+            raise InvalidRequest(f"{deployment.task} makes images: num_frames must be 1 and output_format 'raw'")
+        return params
+    _in_range("num_frames", params.num_frames, lim.min_frames, lim.max_frames)
+    if (params.num_frames - 1) % lim.frames_step:
+        raise InvalidRequest(f"input 'num_frames'={params.num_frames} must be {lim.frames_step} x k + 1 "
+                             f"(e.g. {lim.frames_step * ((params.num_frames - 1) // lim.frames_step) + 1}); "
+                             f"allowed [{lim.min_frames}, {lim.max_frames}]")
+    _in_range("fps", params.fps, 1, lim.max_fps)
+    if params.output_format not in OUTPUT_FORMATS:
+        raise InvalidRequest(f"input 'output_format'={params.output_format!r}; allowed: {list(OUTPUT_FORMATS)}")
     return params

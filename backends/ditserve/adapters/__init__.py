@@ -3,10 +3,9 @@ from __future__ import annotations
 
 from .base import FamilyAdapter
 from .pixart_sigma import PixArtSigmaAdapter
+from .wan import WanT2VAdapter
 
-ADAPTERS: dict[str, type[FamilyAdapter]] = {
-    "pixart-sigma": PixArtSigmaAdapter,
-}
+ADAPTERS: dict[str, type[FamilyAdapter]] = {adapter.family: adapter for adapter in (PixArtSigmaAdapter, WanT2VAdapter)}
 
 
 def adapter_for(family: str) -> type[FamilyAdapter]:

@@ -57,6 +57,7 @@ class FamilyAdapter(ABC):
 
     pipeline_class: ClassVar[type]
     component_names: ClassVar[tuple[str, ...]]
+    family: ClassVar[str]           # the deployment's [model] family (deployment.FAMILY_TASKS)
 
     def __init__(self, deployment: Deployment, stage: str, device: str | None = None):
         """`device` overrides the deployment's [model] device (a KIND_GPU instance's GPU)."""
@@ -85,10 +86,15 @@ class FamilyAdapter(ABC):
 
     @abstractmethod
     def decode_latents(self, latents: torch.Tensor) -> torch.Tensor:
-        """VAE decode to float media in [-1, 1], layout [N, ..., C, H, W] as the VAE gives it."""
+        """VAE decode to float media in [-1, 1], layout [N, C, H, W] (image) or [N, F, C, H, W] (video)."""
 
     def check_limits(self, stage: str) -> None:
         """Fail at load time when the deployment's limits disagree with the model."""
+
+    @property
+    def latent_dtype(self) -> torch.dtype:
+        """dtype of the initial noise and of the latents the scheduler steps, as the pipeline makes them."""
+        return self.dtype
 
     # ---- shared ------------------------------------------------------------------------
     def new_scheduler(self):
@@ -100,7 +106,8 @@ class FamilyAdapter(ABC):
         scheduler.set_timesteps(params.num_inference_steps, device=self.device)
         # A CPU generator makes a seed mean the same noise on every device, as in diffusers.
         generator = torch.Generator("cpu").manual_seed(params.seed)
-        latents = randn_tensor(self.latent_shape(params), generator=generator, device=self.device, dtype=self.dtype)
+        latents = randn_tensor(self.latent_shape(params), generator=generator, device=self.device,
+                               dtype=self.latent_dtype)
         latents = latents * scheduler.init_noise_sigma
         cond = TextConditioning(cond.embeds.to(self.device, self.dtype), cond.mask.to(self.device))
         accepts_generator = "generator" in inspect.signature(scheduler.step).parameters

@@ -19,6 +19,7 @@ from .base import FamilyAdapter
 
 class PixArtSigmaAdapter(FamilyAdapter):
     pipeline_class = PixArtSigmaPipeline
+    family = "pixart-sigma"
     component_names = ("tokenizer", "text_encoder", "transformer", "vae", "scheduler")
 
     @torch.inference_mode()

@@ -1,13 +1,16 @@
 """Helpers shared by the stage shims: tensor conversion, config, I/O declarations."""
 from __future__ import annotations
 
-import json
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 from torch.utils.dlpack import from_dlpack, to_dlpack
+
+from ..deployment import REPO_ROOT, Deployment, load_deployment
 
 
 @dataclass(frozen=True)
@@ -44,8 +47,27 @@ def parameter(model_config: dict, key: str, default: str | None = None) -> str |
     return default if value in (None, "") else value
 
 
-def model_config_of(args: dict) -> dict:
-    return json.loads(args["model_config"])
+def stage_deployment(model_config: dict) -> Deployment:
+    """The deployment a model serves: its config.pbtxt `deployment` parameter (written by
+    scripts/render_repository.py for every deployment but the default), else
+    $DITSERVE_DEPLOYMENT, else the default. A repository rendered for one deployment and a
+    server started for another is an error, not a silent mix of two models."""
+    named, env = parameter(model_config, "deployment"), os.environ.get("DITSERVE_DEPLOYMENT")
+    if named and env and _resolved(named) != _resolved(env):
+        raise ValueError(f"model '{model_config.get('name')}' was rendered for deployment {named} but the server "
+                         f"was started with DITSERVE_DEPLOYMENT={env}; serve the repository rendered for {env} "
+                         f"(python scripts/render_repository.py --deployment {env} --out DIR)")
+    return load_deployment(named)
+
+
+def _resolved(path: str) -> Path:
+    p = Path(path)
+    return (p if p.is_absolute() else REPO_ROOT / p).resolve()
+
+
+def media_dims(deployment: Deployment) -> tuple[int, ...]:
+    """Dims of one generation's media: [H, W, 3] for images, [F, H, W, 3] for video."""
+    return (-1, -1, -1, 3) if deployment.is_video else (-1, -1, 3)
 
 
 def to_torch(tensor) -> torch.Tensor:

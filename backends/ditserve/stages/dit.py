@@ -21,12 +21,11 @@ import triton_python_backend_utils as pb_utils
 from ..adapters import adapter_for
 from ..adapters.base import instance_device
 from ..cancellation import CancelRegistry
-from ..deployment import load_deployment
 from ..engine import StepEngine
 from ..faults import injector
 from ..schema import GenerationParams, check_params
 from ..state import TextConditioning
-from .common import TensorSpec, declare, input_numpy, to_pb, to_torch
+from .common import TensorSpec, declare, input_numpy, stage_deployment, to_pb, to_torch
 from .metrics import DitMetrics
 
 INPUTS = (
@@ -39,9 +38,14 @@ INPUTS = (
 # would wait forever), while data responses arrive.
 OUTPUTS = (
     TensorSpec("progress", "TYPE_INT32", (2,)),
-    TensorSpec("latents", "TYPE_FP32", (-1, -1, -1)),
     TensorSpec("error", "TYPE_STRING", (1,)),
 )
+
+
+def latents_spec(config) -> TensorSpec:
+    """[C, h, w] per image generation, [C, f, h, w] per video generation (batch dim implied)."""
+    video = stage_deployment(config.as_dict()).is_video
+    return TensorSpec("latents", "TYPE_FP32", (-1,) * (4 if video else 3))
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 CANCELLED = "cancelled by the client"
 
@@ -54,10 +58,10 @@ def request_key(request) -> str:
 class DitStage:
     @staticmethod
     def auto_complete(config):
-        return declare(config, INPUTS, OUTPUTS)
+        return declare(config, INPUTS, OUTPUTS + (latents_spec(config),))
 
     def __init__(self, args: dict, model_config: dict):
-        self.deployment = load_deployment()
+        self.deployment = stage_deployment(model_config)
         capacity = model_config.get("max_batch_size", 0)
         if capacity != self.deployment.engine.capacity:
             raise ValueError(

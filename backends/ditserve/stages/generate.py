@@ -1,5 +1,8 @@
-"""`txt2img` / `txt2img_stream`: the public models, one implementation for both.
+"""The public models, one implementation for every task and both variants.
 
+`<task>` (any client) and `<task>_stream` (decoupled, gRPC streaming) for the task of the
+deployment's family: `txt2img` returns `image` [H, W, 3]; `txt2vid` returns `video`
+[F, H, W, 3] and, with `output_format` = "mp4", also `video_mp4` (H.264 in MP4).
 The request is validated here, before any model work, then driven through
 `text_encoder` -> `dit` -> `vae_decode` with BLS. `dit` streams one progress response
 per step; the streaming variant (decoupled) forwards them to the client, the unary
@@ -7,7 +10,7 @@ variant only uses them to notice a cancelled client between steps. Only the fina
 latents are decoded. A decoupled model cannot answer unary or HTTP calls, hence two
 models on this one class: `model_transaction_policy { decoupled }` picks the variant.
 
-Every request gets exactly one terminal response: the image, or one error (invalid
+Every request gets exactly one terminal response: the media, or one error (invalid
 input, cancelled, or the failing stage named).
 """
 from __future__ import annotations
@@ -20,23 +23,31 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from ..cancellation import CancelRegistry
-from ..deployment import load_deployment
+from ..deployment import Deployment
 from ..faults import Subject, injector
-from ..schema import TXT2IMG_INPUTS, GenerationParams, InvalidRequest, decode_request
-from .common import TensorSpec, declare, error_response, input_numpy, to_pb, to_torch
+from ..schema import TASK_INPUTS, GenerationParams, InvalidRequest, decode_request
+from .common import TensorSpec, declare, error_response, input_numpy, media_dims, stage_deployment, to_pb, to_torch
 from .liveness import StubDied, StubWatch
 from .metrics import GenerateMetrics
 
 _TYPES = {"BYTES": "TYPE_STRING", "INT32": "TYPE_INT32", "INT64": "TYPE_INT64", "FP32": "TYPE_FP32"}
-INPUTS = tuple(TensorSpec(s.name, _TYPES[s.dtype], (1,), s.optional) for s in TXT2IMG_INPUTS)
-# Triton 2.51's Python backend cannot set response parameters, so the seed actually used
-# (drawn when the request gave none) is returned as the output `seed`.
-OUTPUTS = (
-    TensorSpec("image", "TYPE_UINT8", (-1, -1, 3)),
-    TensorSpec("seed", "TYPE_INT64", (1,)),
-    TensorSpec("progress", "TYPE_INT32", (2,)),
-)
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+def media_output(deployment: Deployment) -> str:
+    return "video" if deployment.is_video else "image"
+
+
+def io_specs(deployment: Deployment) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+    """Inputs and outputs of the deployment's task. Triton 2.51's Python backend cannot set
+    response parameters, so the seed actually used (drawn when the request gave none) is
+    returned as the output `seed`."""
+    inputs = tuple(TensorSpec(s.name, _TYPES[s.dtype], (1,), s.optional) for s in TASK_INPUTS[deployment.task])
+    outputs = [TensorSpec(media_output(deployment), "TYPE_UINT8", media_dims(deployment))]
+    if deployment.is_video:
+        outputs.append(TensorSpec("video_mp4", "TYPE_STRING", (1,)))
+    outputs += [TensorSpec("seed", "TYPE_INT64", (1,)), TensorSpec("progress", "TYPE_INT32", (2,))]
+    return inputs, tuple(outputs)
 
 
 class StageError(RuntimeError):
@@ -52,7 +63,7 @@ class Cancelled(RuntimeError):
 
 
 # Which model does the work of each timed stage (error messages name the model).
-STAGE_MODEL = {"encode": "text_encoder", "denoise": "dit", "decode": "vae_decode"}
+STAGE_MODEL = {"encode": "text_encoder", "denoise": "dit", "decode": "vae_decode", "mp4": "mp4 encode"}
 
 
 class Deadline:
@@ -84,10 +95,16 @@ def _checked(response, stage: str):
 class GenerateStage:
     @staticmethod
     def auto_complete(config):
-        return declare(config, INPUTS, OUTPUTS)
+        return declare(config, *io_specs(stage_deployment(config.as_dict())))
 
     def __init__(self, args: dict, model_config: dict):
-        self.deployment = load_deployment()
+        self.deployment = stage_deployment(model_config)
+        task = self.deployment.task
+        if args["model_name"] not in (task, f"{task}_stream"):
+            raise ValueError(f"model '{args['model_name']}' cannot serve deployment {self.deployment.source}, whose "
+                             f"task is {task}: render the repository for it (python scripts/render_repository.py "
+                             f"--deployment {self.deployment.source} --out DIR) and serve that")
+        self.inputs = [spec.name for spec in TASK_INPUTS[task]]
         self.streaming = pb_utils.using_decoupled_model_transaction_policy(model_config)
         self.cancels = CancelRegistry()
         self.metrics = GenerateMetrics(args["model_name"])
@@ -118,7 +135,7 @@ class GenerateStage:
     def _respond(self, request, on_progress: Callable | None):
         """Run one generation and turn its outcome into the one terminal response."""
         try:
-            params, image = self.generate(request, on_progress)
+            params, outputs = self.generate(request, on_progress)
         except InvalidRequest as exc:
             self.metrics.failed.increment(1)
             return error_response(str(exc), pb_utils.TritonError.INVALID_ARG)
@@ -137,7 +154,7 @@ class GenerateStage:
         try:
             self.faults.at("output", [Subject(params.prompt, params.height)])
             seed = pb_utils.Tensor("seed", np.array([params.seed], dtype=np.int64))
-            response = pb_utils.InferenceResponse([image, seed])
+            response = pb_utils.InferenceResponse([*outputs, seed])
         except Exception as exc:
             self.metrics.failed.increment(1)
             return error_response(f"output: could not build the final response: {type(exc).__name__}: {exc}")
@@ -145,15 +162,19 @@ class GenerateStage:
         return response
 
     # ---- the pipeline ------------------------------------------------------------------
-    def generate(self, request, on_progress: Callable | None) -> tuple[GenerationParams, object]:
-        """Validate, encode, denoise step by step, decode; returns the params and `image`."""
+    def generate(self, request, on_progress: Callable | None) -> tuple[GenerationParams, list]:
+        """Validate, encode, denoise step by step, decode; returns the params and the media outputs."""
         arrival = time.monotonic()
-        params = decode_request({spec.name: input_numpy(request, spec.name) for spec in TXT2IMG_INPUTS}, self.deployment)
+        params = decode_request({name: input_numpy(request, name) for name in self.inputs}, self.deployment)
         deadline = Deadline(request, arrival)
         encoded = self._timed("encode", self._encode, request, deadline, params)
         latents = self._timed("denoise", self._denoise, request, deadline, request, params, encoded, on_progress,
                               arrival, deadline)
-        return params, self._timed("decode", self._decode, request, deadline, latents)
+        media = self._timed("decode", self._decode, request, deadline, latents)
+        outputs = [to_pb(media_output(self.deployment), media)]
+        if params.output_format == "mp4":
+            outputs.append(self._timed("mp4", self._mp4, request, deadline, media, params.fps))
+        return params, outputs
 
     def _timed(self, stage: str, fn, request, deadline: Deadline, *args):
         """Run one stage; any failure in it becomes a StageError that names the stage's model."""
@@ -232,11 +253,24 @@ class GenerateStage:
         return latents
 
     def _decode(self, latents):
-        bls = _bls("vae_decode", [latents], ["image"])
+        """uint8 media of the one generation, on the device vae_decode made it on."""
+        bls = _bls("vae_decode", [latents], ["media"])
         (decoded,) = self.stubs.call("vae_decode", lambda put: put(bls.exec()))
         decoded = _checked(decoded, "vae_decode")
-        image = to_torch(pb_utils.get_output_tensor_by_name(decoded, "image"))[0]
-        return to_pb("image", image)
+        return to_torch(pb_utils.get_output_tensor_by_name(decoded, "media"))[0]
+
+    @staticmethod
+    def _mp4(video, fps: int):
+        """H.264 in MP4. It runs in this instance's own stub process, so an encode holds up
+        no other request: every in-flight generation has its own public-model instance.
+        PyAV is imported here so a server without it still serves raw video."""
+        try:
+            from ..media import encode_mp4
+        except ImportError as exc:
+            raise StageError(f"mp4 encode: output_format=mp4 needs PyAV on the server ({exc}); install it with "
+                             f"`pip install av` or request output_format=raw") from exc
+        data = encode_mp4(video.cpu().numpy(), fps)
+        return pb_utils.Tensor("video_mp4", np.array([data], dtype=np.object_))
 
     def finalize(self) -> None:
         pass

@@ -13,10 +13,9 @@ import triton_python_backend_utils as pb_utils
 
 from ..adapters import adapter_for
 from ..adapters.base import instance_device
-from ..deployment import load_deployment
 from ..faults import Subject, injector
 from ..isolation import isolating_failures
-from .common import TensorSpec, declare, error_response, to_pb
+from .common import TensorSpec, declare, error_response, stage_deployment, to_pb
 
 INPUTS = (TensorSpec("text", "TYPE_STRING", (-1,)),)
 OUTPUTS = (TensorSpec("embeds", "TYPE_FP32", (-1, -1, -1)), TensorSpec("mask", "TYPE_INT64", (-1, -1)))
@@ -29,7 +28,7 @@ class TextEncoderStage:
         return declare(config, INPUTS, OUTPUTS)
 
     def __init__(self, args: dict, model_config: dict):
-        self.deployment = load_deployment()
+        self.deployment = stage_deployment(model_config)
         self.adapter = adapter_for(self.deployment.model.family)(self.deployment, "text_encoder", instance_device(args))
         self.faults = injector(self.deployment, "text_encoder")
 

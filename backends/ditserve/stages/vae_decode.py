@@ -1,4 +1,5 @@
-"""`vae_decode`: latents -> uint8 media [H, W, 3] made on the device (dynamic batching).
+"""`vae_decode`: latents -> uint8 `media` made on the device (dynamic batching):
+[H, W, 3] per image generation, [F, H, W, 3] per video generation.
 
 Triton's dynamic batcher only merges requests of equal shape, so a batch is one size.
 Progress never reaches this stage: only final latents do. A batch whose decode fails is
@@ -12,22 +13,21 @@ import triton_python_backend_utils as pb_utils
 
 from ..adapters import adapter_for
 from ..adapters.base import instance_device
-from ..deployment import load_deployment
 from ..faults import Subject, injector
 from ..isolation import isolating_failures
-from .common import TensorSpec, declare, error_response, to_pb, to_torch
+from .common import TensorSpec, declare, error_response, media_dims, stage_deployment, to_pb, to_torch
 
-INPUTS = (TensorSpec("latents", "TYPE_FP32", (-1, -1, -1)),)
-OUTPUTS = (TensorSpec("image", "TYPE_UINT8", (-1, -1, 3)),)
 
 
 class VaeDecodeStage:
     @staticmethod
     def auto_complete(config):
-        return declare(config, INPUTS, OUTPUTS)
+        deployment = stage_deployment(config.as_dict())
+        latents = TensorSpec("latents", "TYPE_FP32", (-1,) * (4 if deployment.is_video else 3))
+        return declare(config, (latents,), (TensorSpec("media", "TYPE_UINT8", media_dims(deployment)),))
 
     def __init__(self, args: dict, model_config: dict):
-        self.deployment = load_deployment()
+        self.deployment = stage_deployment(model_config)
         self.adapter = adapter_for(self.deployment.model.family)(self.deployment, "vae_decode", instance_device(args))
         self.faults = injector(self.deployment, "vae_decode")
 
@@ -71,9 +71,9 @@ class VaeDecodeStage:
         for i, lat in items:
             n = lat.shape[0]
             if not all(finite[start:start + n]):
-                responses[i] = error_response("decode produced non-finite pixels (NaN/inf); no image is returned")
+                responses[i] = error_response("decode produced non-finite pixels (NaN/inf); no media is returned")
             else:
-                responses[i] = pb_utils.InferenceResponse([to_pb("image", media[start:start + n])])
+                responses[i] = pb_utils.InferenceResponse([to_pb("media", media[start:start + n])])
             start += n
 
     def finalize(self) -> None:

@@ -1,0 +1,102 @@
+"""Wan2.1 text-to-video: the step contract over diffusers' WanPipeline.
+
+Mirrors `WanPipeline.__call__` for Wan2.1 (one transformer, no `boundary_ratio`): UMT5
+embeddings cut at each prompt's length and zero-padded to `max_sequence_length`, float32
+latents [1, C, f, h, w] cast to the transformer's dtype for every forward, CFG as
+[negative, prompt] rows, flow-matching UniPC per request, and the VAE's per-channel
+latent statistics undone before decoding.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+from functools import cached_property
+
+import torch
+from diffusers import AutoencoderKLWan, WanPipeline
+
+from ..schema import GenerationParams
+from ..state import RequestState, TextConditioning
+from .base import FamilyAdapter
+
+
+class WanT2VAdapter(FamilyAdapter):
+    pipeline_class = WanPipeline
+    family = "wan-t2v"
+    # transformer_2 (Wan2.2's low-noise expert) is never kept by a stage, so it loads as None.
+    component_names = ("tokenizer", "text_encoder", "transformer", "transformer_2", "vae", "scheduler")
+
+    @torch.inference_mode()
+    def encode_text(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The mask is all ones: the Wan transformer takes none and attends to the zeroed padding."""
+        embeds, _ = self.pipe.encode_prompt(
+            texts, do_classifier_free_guidance=False, device=self.device,
+            max_sequence_length=self.deployment.model.max_sequence_length,
+        )
+        return embeds, torch.ones(embeds.shape[:2], dtype=torch.int64, device=embeds.device)
+
+    @property
+    def latent_dtype(self) -> torch.dtype:
+        return torch.float32  # WanPipeline.prepare_latents; the scheduler steps in float32
+
+    def latent_shape(self, params: GenerationParams) -> tuple[int, ...]:
+        frames = (params.num_frames - 1) // self.vae_scale_factor_temporal + 1
+        scale = self.vae_scale_factor
+        return (1, self.pipe.transformer.config.in_channels, frames, params.height // scale, params.width // scale)
+
+    def prepare(self, key: str, params: GenerationParams, cond: TextConditioning) -> RequestState:
+        state = super().prepare(key, params, cond)
+        state.scheduler.set_begin_index(0)  # as WanPipeline: step i uses sigma i even if timesteps repeat
+        return state
+
+    @cached_property
+    def _vae_config(self) -> dict:
+        """The VAE config with class defaults filled in, as `vae.config` has it once loaded.
+
+        The dit stage does not load the VAE, and Wan2.1 checkpoints predate the
+        `scale_factor_*` keys, so read the file and fall back to the defaults.
+        """
+        if self.pipe.vae is not None:
+            return dict(self.pipe.vae.config)
+        defaults = {name: p.default for name, p in inspect.signature(AutoencoderKLWan.__init__).parameters.items()
+                    if p.default is not inspect.Parameter.empty}
+        return defaults | AutoencoderKLWan.load_config(self.deployment.model_location(), subfolder="vae")
+
+    @property
+    def vae_scale_factor(self) -> int:
+        return self._vae_config["scale_factor_spatial"]
+
+    @property
+    def vae_scale_factor_temporal(self) -> int:
+        """Frames per latent frame after the first."""
+        return self._vae_config["scale_factor_temporal"]
+
+    @torch.inference_mode()
+    def forward(self, latents: torch.Tensor, timesteps: torch.Tensor, cond: TextConditioning) -> torch.Tensor:
+        """Output stays in the transformer's dtype: WanPipeline applies CFG in that dtype too."""
+        transformer = self.pipe.transformer
+        return transformer(hidden_states=latents.to(transformer.dtype), timestep=timesteps,
+                           encoder_hidden_states=cond.embeds, return_dict=False)[0]
+
+    def decode_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        """[N, C, f, h, w] latents -> [N, F, 3, H, W] frames, un-normalised exactly as WanPipeline does."""
+        vae = self.pipe.vae
+        stats = (1, vae.config.z_dim, 1, 1, 1)
+        latents_mean = torch.tensor(vae.config.latents_mean).view(stats).to(latents.device, latents.dtype)
+        latents_std = 1.0 / torch.tensor(vae.config.latents_std).view(stats).to(latents.device, latents.dtype)
+        video = vae.decode(latents / latents_std + latents_mean, return_dict=False)[0]
+        return video.transpose(1, 2)
+
+    def check_limits(self, stage: str) -> None:
+        if stage != "dit":
+            return
+        limits, path = self.deployment.limits, self.deployment.model.path
+        _, patch_h, patch_w = self.pipe.transformer.config.patch_size
+        need = math.lcm(self.vae_scale_factor * patch_h, self.vae_scale_factor * patch_w)
+        if limits.size_multiple % need:
+            raise ValueError(f"deployment [limits] size_multiple={limits.size_multiple} must be a multiple of {need} "
+                             f"(vae spatial scale x transformer patch size) for {path}; set size_multiple = {need}")
+        if limits.frames_step % self.vae_scale_factor_temporal:
+            raise ValueError(f"deployment [limits] frames_step={limits.frames_step} must be a multiple of "
+                             f"{self.vae_scale_factor_temporal} (the VAE's temporal compression) for {path}; "
+                             f"set frames_step = {self.vae_scale_factor_temporal}")

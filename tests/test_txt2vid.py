@@ -1,0 +1,130 @@
+"""txt2vid / txt2vid_stream (tiny Wan2.1 T2V) on a real tritonserver, through the real tritonclient.
+
+Parity tolerance: served frames equal plain diffusers `WanPipeline` at the same seed within
+TOLERANCE uint8 levels. Both run the same fp32 CPU kernels; we run [negative, prompt] as one
+transformer batch where diffusers runs two forwards, which can move a last float bit and so
+cross a rounding boundary.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from conftest import diffusers_video
+from ditserve.client import DitClient, GenerationRequest
+from ditserve.media import decode_mp4
+from helpers import StreamCall, grpc_inputs, histogram_above, scrape, wait_for_metric
+
+TOLERANCE = 1
+LUMA_TOLERANCE = 4.0   # mean |luma| levels after an MP4 round trip (measured 2.8 on the tiny model)
+STREAM = "txt2vid_stream"
+
+
+def assert_matches(served: np.ndarray, expected: np.ndarray) -> None:
+    assert served.dtype == np.uint8 and served.shape == expected.shape
+    diff = np.abs(served.astype(int) - expected.astype(int))
+    assert diff.max() <= TOLERANCE, f"max diff {diff.max()}, mean {diff.mean():.4f}"
+
+
+def video(prompt: str, **kwargs) -> GenerationRequest:
+    return GenerationRequest(prompt, **{"seed": 1, "num_inference_steps": 4, "num_frames": 9, **kwargs})
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc", "grpc-stream"])
+def test_parity_with_diffusers_on_every_protocol(wan_server, diffusers_wan, protocol):
+    url = wan_server.http_url if protocol == "http" else wan_server.grpc_url
+    request = video("waves rolling onto a beach", seed=7, num_inference_steps=6, guidance_scale=5.0)
+    with DitClient(url, protocol, task="txt2vid") as client:
+        result = client.generate(request)
+    assert result.media.shape == (9, 64, 64, 3) and result.seed == 7
+    assert result.steps_reported == (6 if protocol == "grpc-stream" else 0)
+    assert_matches(result.media, diffusers_video(diffusers_wan, request.prompt, 7, 6, 5.0, 9))
+
+
+def test_parity_without_cfg_and_at_another_shape(wan_server, diffusers_wan):
+    request = video("a bird", seed=3, num_inference_steps=5, guidance_scale=1.0, num_frames=5, height=96, width=64,
+                    negative_prompt="blurry")
+    with DitClient(wan_server.grpc_url, "grpc", task="txt2vid") as client:
+        served = client.generate(request).media
+    expected = diffusers_video(diffusers_wan, "a bird", 3, 5, 1.0, 5, height=96, width=64, negative_prompt="blurry")
+    assert_matches(served, expected)
+
+
+def test_staggered_videos_batch_stepwise_and_each_matches_its_solo_run(wan_server):
+    """Different seeds, step counts, frame counts (two compatibility groups) and arrival times."""
+    requests = [video("a red car", seed=11, num_inference_steps=90), video("a blue sea", seed=22, num_inference_steps=70),
+                video("a green hill", seed=33, num_inference_steps=60, num_frames=5),
+                video("a dark sky", seed=44, num_inference_steps=50, guidance_scale=1.0)]
+    batched_before = histogram_above(wan_server.metrics_url, "ditserve_step_batch_size", "dit", "1")
+    calls = []
+    for request in requests:
+        calls.append(StreamCall(wan_server.grpc_url, request, task="txt2vid").start())
+        calls[-1].wait_progress(1)  # the next one joins while this one is mid-denoise
+    results = [call.finish() for call in calls]
+    assert histogram_above(wan_server.metrics_url, "ditserve_step_batch_size", "dit", "1") > batched_before
+    with DitClient(wan_server.grpc_url, "grpc", task="txt2vid") as client:
+        for request, (progress, frames) in zip(requests, results):
+            assert [done for done, _ in progress] == list(range(1, request.num_inference_steps + 1))
+            assert_matches(frames, client.generate(request).media)
+
+
+def test_mp4_output_decodes_back_to_the_raw_frames(wan_server):
+    request = video("a spinning top", seed=5, num_frames=17, fps=12, output_format="mp4")
+    with DitClient(wan_server.grpc_url, "grpc-stream", task="txt2vid") as client:
+        result = client.generate(request)
+    frames, fps = decode_mp4(result.video_mp4)
+    assert frames.shape == result.media.shape == (17, 64, 64, 3) and fps == 12
+    # Random-weight frames are close to noise, whose colour 4:2:0 chroma subsampling cannot
+    # keep; compare luma (BT.709), which H.264 keeps at full resolution.
+    error = np.abs(luma(frames) - luma(result.media))
+    assert error.mean() < LUMA_TOLERANCE, f"codec luma error mean {error.mean():.2f} levels"
+
+
+def luma(frames: np.ndarray) -> np.ndarray:
+    return frames.astype(float) @ np.array([0.2126, 0.7152, 0.0722])
+
+
+def test_raw_requests_get_no_mp4(wan_server):
+    with grpcclient.InferenceServerClient(wan_server.grpc_url) as client:
+        result = client.infer("txt2vid", grpc_inputs(video("x", num_inference_steps=2)))
+    assert result.as_numpy("video").shape == (9, 64, 64, 3) and result.as_numpy("video_mp4") is None
+
+
+def test_cancel_mid_video_frees_state_and_never_decodes(wan_server):
+    before = scrape(wan_server.metrics_url)
+    call = StreamCall(wan_server.grpc_url, video("doomed", num_inference_steps=60), task="txt2vid").start()
+    call.wait_progress(3)
+    call.cancel()
+    name = "ditserve_requests_cancelled_total"
+    expected = before.get((name, STREAM), 0) + 1
+    assert wait_for_metric(wan_server.metrics_url, name, STREAM, expected) == expected
+    assert wait_for_metric(wan_server.metrics_url, "ditserve_state_table_size", "dit", 0.0) == 0.0
+    time.sleep(0.5)
+    after = scrape(wan_server.metrics_url)
+    assert after.get(("nv_inference_count", "vae_decode"), 0) == before.get(("nv_inference_count", "vae_decode"), 0)
+    with DitClient(wan_server.grpc_url, "grpc", task="txt2vid") as client:
+        assert client.generate(video("next", num_inference_steps=2)).media.shape == (9, 64, 64, 3)
+
+
+@pytest.mark.parametrize("inputs, field", [
+    (dict(num_frames=10), "num_frames"),          # not 4k + 1
+    (dict(num_frames=85), "num_frames"),          # above max_frames
+    (dict(fps=0), "fps"),
+    (dict(output_format="gif"), "output_format"),
+    (dict(height=72), "height"),
+])
+def test_bad_video_inputs_are_rejected_before_any_model_work(wan_server, inputs, field):
+    with grpcclient.InferenceServerClient(wan_server.grpc_url) as client:
+        with pytest.raises(InferenceServerException) as err:
+            client.infer("txt2vid", grpc_inputs(video("x", **inputs)))
+    assert field in err.value.message() and err.value.status() == "StatusCode.INVALID_ARGUMENT"
+
+
+def test_image_models_reject_video_inputs(server):
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        with pytest.raises(InferenceServerException, match="num_frames"):
+            client.infer("txt2img", grpc_inputs(GenerationRequest("x", num_inference_steps=1, num_frames=9)))
