@@ -249,10 +249,11 @@ stage_control() {
         --rate "${CONTROL_RATE:-0.6}" --num-requests "${CONTROL_N:-24}" --sizes "$SIZE" --steps "$STEPS" \
         --server-timeout 300 --out-dir "$ctrl" ${CONTROL_ARGS:-}
     local rc=$? f
-    if (( rc != 0 )); then  # its scratch (server logs) is kept on failure: show their tails
-        for f in $(ls -t "${TMPDIR:-/tmp}"/matched_control.*/server-*.log 2>/dev/null | head -2); do
-            echo "----- tail of $f"; tail -40 "$f"
-        done
+    if (( rc != 0 )); then  # its scratch (server logs, with stub stacks) is kept on failure
+        local logs; logs=$(ls -t "${TMPDIR:-/tmp}"/matched_control.*/server-*.log 2>/dev/null | head -2)
+        for f in $logs; do echo "----- tail of $f"; tail -40 "$f"; done
+        # shellcheck disable=SC2086
+        [[ -n "$logs" ]] && tar czf "$OUT/control_server_logs.tgz" $logs 2>/dev/null
     fi
     collect_control "$ctrl"
     return $rc
