@@ -40,11 +40,11 @@ def test_watched_call_fails_when_the_called_stub_dies_and_passes_items_through(t
     try:
         watch = StubWatch(server=os.getpid())
         assert stub_pids("dit", os.getpid()) == {fake.pid} and stub_pids("vae_decode", os.getpid()) == set()
-        assert list(watch.call("dit", lambda put: [put(i) for i in range(3)], probe_s=0.1)) == [0, 1, 2]
+        assert list(watch.call("dit", lambda: range(3), probe_s=0.1)) == [0, 1, 2]
         with pytest.raises(ValueError, match="boom"):   # the worker's exception reaches the caller
-            list(watch.call("dit", lambda put: (_ for _ in ()).throw(ValueError("boom")), probe_s=0.1))
+            list(watch.call("dit", lambda: (_ for _ in ()).throw(ValueError("boom")), probe_s=0.1))
         blocked = threading.Event()
-        calls = watch.call("dit", lambda put: blocked.wait(), probe_s=0.1)
+        calls = watch.call("dit", lambda: [blocked.wait()], probe_s=0.1)
         threading.Timer(0.3, fake.kill).start()
         start = time.monotonic()
         with pytest.raises(StubDied, match=rf"dit: its stub process \(pid {fake.pid}\) died"):
@@ -54,6 +54,15 @@ def test_watched_call_fails_when_the_called_stub_dies_and_passes_items_through(t
     finally:
         fake.kill()
         fake.wait()
+
+
+def test_a_disabled_watch_calls_in_the_callers_thread():
+    from ditserve.stages.liveness import StubWatch
+
+    threads = []
+    responses = lambda: (threads.append(threading.current_thread()) or range(2))  # noqa: E731
+    assert list(StubWatch(enabled=False).call("dit", responses)) == [0, 1]
+    assert threads == [threading.current_thread()]
 
 
 @pytest.fixture(scope="module")

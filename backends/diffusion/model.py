@@ -30,8 +30,9 @@ class TritonPythonModel:
         return stage_class(_stage_of(auto_complete_model_config.as_dict())).auto_complete(auto_complete_model_config)
 
     def initialize(self, args):
-        # `kill -USR1 <stub pid>` prints every thread's Python stack to the server log:
-        # how to see where a stalled stage waits (perf/README.md, "diagnosing a stall").
+        # A crashing stub (SIGSEGV, SIGABRT) prints its Python stacks to the server log, and
+        # `kill -USR1 <stub pid>` (TritonServer.dump_stacks) does so on demand: where a stall waits.
+        faulthandler.enable(all_threads=True)
         faulthandler.register(signal.SIGUSR1, all_threads=True)
         config = json.loads(args["model_config"])
         self.stage = stage_class(_stage_of(config))(args, config)

@@ -68,6 +68,12 @@ class EngineSection:
     # A state whose request has not come back for this long is released (its request
     # was lost, e.g. cancelled while queued for rescheduling).
     gc_idle_seconds: float = 300.0
+    # Public models watch the stubs they call so a dead stub fails requests instead of
+    # hanging them (stages/liveness.py): "on", "off", or "auto" = on unless the model is on a GPU.
+    watch_stubs: str = "auto"
+    # vae_decode hands media on to the public model on the GPU (zero-copy into a CUDA shm
+    # region) unless this is true; on the host for GPU-side diagnosis (perf/README.md).
+    media_on_host: bool = False
 
 
 @dataclass(frozen=True)
@@ -138,6 +144,8 @@ def load_deployment(path: str | os.PathLike | None = None) -> Deployment:
         raise ValueError(f"deployment [model] family={dep.model.family!r} is unknown; known: {sorted(FAMILY_TASKS)}")
     if dep.engine.mode not in ENGINE_MODES:
         raise ValueError(f"deployment [engine] mode={dep.engine.mode!r}; allowed: {ENGINE_MODES}")
+    if dep.engine.watch_stubs not in ("auto", "on", "off"):
+        raise ValueError(f"deployment [engine] watch_stubs={dep.engine.watch_stubs!r}; allowed: auto, on, off")
     if dep.engine.mode == "serial" and dep.engine.capacity != 1:
         raise ValueError(f"deployment [engine] mode=\"serial\" needs capacity = 1, got {dep.engine.capacity}")
     if dep.engine.capacity < 1:

@@ -20,6 +20,7 @@ import uuid
 from typing import Callable
 
 import numpy as np
+import torch
 import triton_python_backend_utils as pb_utils
 
 from ..cancellation import CancelRegistry
@@ -32,6 +33,15 @@ from .metrics import GenerateMetrics
 
 _TYPES = {"BYTES": "TYPE_STRING", "INT32": "TYPE_INT32", "INT64": "TYPE_INT64", "FP32": "TYPE_FP32"}
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+def watch_stubs(deployment: Deployment) -> bool:
+    """[engine] watch_stubs: "auto" watches BLS calls on CPU deployments only (see stages/liveness.py)."""
+    setting = deployment.engine.watch_stubs
+    if setting != "auto":
+        return setting == "on"
+    device = deployment.model.device
+    return not (device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()))
 
 
 def media_output(deployment: Deployment) -> str:
@@ -110,7 +120,8 @@ class GenerateStage:
         self.metrics = GenerateMetrics(args["model_name"])
         self.model_name = args["model_name"]
         self.faults = injector(self.deployment, self.model_name)
-        self.stubs = StubWatch()  # BLS calls fail, not hang, when the called model's stub dies
+        # BLS calls fail, not hang, when the called model's stub dies (where the watch is on).
+        self.stubs = StubWatch(enabled=watch_stubs(self.deployment))
 
     def execute(self, requests):
         # Generations run in the execute thread: BLS and response sending from worker threads
@@ -201,7 +212,7 @@ class GenerateStage:
         texts = [params.negative_prompt, params.prompt] if params.do_cfg else [params.prompt]
         text = pb_utils.Tensor("text", np.array([[t.encode("utf-8") for t in texts]], dtype=np.object_))
         bls = _bls("text_encoder", [text], ["embeds", "mask"])
-        (response,) = self.stubs.call("text_encoder", lambda put: put(bls.exec()))
+        (response,) = self.stubs.call("text_encoder", lambda: [bls.exec()])
         return _checked(response, "text_encoder")
 
     def _denoise(self, request, params: GenerationParams, encoded, on_progress: Callable | None, arrival: float,
@@ -214,11 +225,7 @@ class GenerateStage:
                    request_id=dit_id)
         first_step, latents, stop, done = None, None, None, 0
 
-        def stream(put):
-            for response in dit.exec(decoupled=True):
-                put(response)
-
-        for response in self.stubs.call("dit", stream):
+        for response in self.stubs.call("dit", lambda: dit.exec(decoupled=True)):
             progress = pb_utils.get_output_tensor_by_name(response, "progress")
             done = int(to_torch(progress).reshape(-1)[0]) if progress is not None else done
             if stop is None:
@@ -255,7 +262,7 @@ class GenerateStage:
     def _decode(self, latents):
         """uint8 media of the one generation, on the device vae_decode made it on."""
         bls = _bls("vae_decode", [latents], ["media"])
-        (decoded,) = self.stubs.call("vae_decode", lambda put: put(bls.exec()))
+        (decoded,) = self.stubs.call("vae_decode", lambda: [bls.exec()])
         decoded = _checked(decoded, "vae_decode")
         return to_torch(pb_utils.get_output_tensor_by_name(decoded, "media"))[0]
 

@@ -10,6 +10,11 @@ began still are. If one died, the call fails with an error naming the model.
 The stubs are found through /proc: children of this stub's parent (tritonserver) whose
 command line names `<repository>/<model>/<version>/model.py`. Where that finds nothing
 (another OS, another layout), the watch is off and calls behave as plain BLS.
+
+A disabled watch (deployment `[engine] watch_stubs`) makes the calls in the caller's
+thread: on the H200 a public-model stub died at its first video request with the BLS in
+the helper thread (perf/results/2026-11-29-h200-wan-video-transport.md), so GPU
+deployments run without the watch until that is understood.
 """
 from __future__ import annotations
 
@@ -17,7 +22,7 @@ import os
 import queue
 import threading
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 PROBE_S = 2.0
 _DONE = object()
@@ -64,8 +69,9 @@ def stub_pids(model: str, server: int | None = None) -> set[int]:
 class StubWatch:
     """Remembers each model's stub PIDs (rescanned when one is gone) so a call costs a few stat reads."""
 
-    def __init__(self, server: int | None = None):
+    def __init__(self, server: int | None = None, enabled: bool = True):
         self.server = server
+        self.enabled = enabled
         self._known: dict[str, set[int]] = {}
 
     def current(self, model: str) -> set[int]:
@@ -74,15 +80,20 @@ class StubWatch:
             pids = self._known[model] = stub_pids(model, self.server)
         return set(pids)
 
-    def call(self, model: str, run: Callable[[Callable], None], probe_s: float = PROBE_S) -> Iterator:
-        """Yield what `run(put)` puts, `run` running in a worker thread; raise StubDied when a
-        stub of `model` alive at the start dies while we wait for the next item."""
+    def call(self, model: str, responses: Callable[[], Iterable], probe_s: float = PROBE_S) -> Iterator:
+        """Yield the items of `responses()` (a BLS call's responses), iterated in a worker
+        thread; raise StubDied when a stub of `model` alive at the start dies while we wait
+        for the next item. Disabled: iterate them here, unwatched."""
+        if not self.enabled:
+            yield from responses()
+            return
         pids = self.current(model)
         items: queue.SimpleQueue = queue.SimpleQueue()
 
         def worker():
             try:
-                run(items.put)
+                for item in responses():
+                    items.put(item)
             except BaseException as exc:  # handed to the caller, raised there
                 items.put(exc)
             finally:

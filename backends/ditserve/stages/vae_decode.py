@@ -67,6 +67,8 @@ class VaeDecodeStage:
         rows = [Subject(height=self.adapter.media_height(lat)) for _, lat in items for _ in range(lat.shape[0])]
         latents = self.faults.at("decode", rows, torch.cat([lat for _, lat in items]))
         media, finite = self.adapter.decode(latents)
+        if self.deployment.engine.media_on_host:
+            media = media.cpu()
         start = 0
         for i, lat in items:
             n = lat.shape[0]
