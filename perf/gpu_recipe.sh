@@ -229,9 +229,12 @@ stage_video() {
         --text-encoder-layers "${VIDEO_TEXT_ENCODER_LAYERS:-24}" || return $?
     DITSERVE_CUDA_POOL_BYTES="${DITSERVE_CUDA_POOL_BYTES:-1073741824}" "$PY" perf/video_transport.py \
         --deployment configs/wan2.1-t2v-1.3b-random.toml --steps "${VIDEO_STEPS:-2}" --reps "${VIDEO_REPS:-3}" \
-        --out "$OUT/video_transport.json" --log "$WORK/video_server.log"
+        --out "$OUT/video_transport.json" --log "$OUT/video_server.log"
     local rc=$?
-    (( rc == 0 )) || { echo "----- tail of the video server log"; tail -60 "$WORK/video_server.log"; }
+    if (( rc != 0 )); then  # the shutdown countdown would fill a plain tail
+        echo "----- video server log (full copy: $OUT/video_server.log)"
+        grep -v "live models and" "$OUT/video_server.log" | tail -80
+    fi
     return $rc
 }
 
