@@ -29,6 +29,10 @@
 # In cases 2 and 3 the printed path is the wrapper .perf_tools/perf_analyzer, which sets
 # LD_LIBRARY_PATH and execs the real binary.
 #
+# Exit status: 0 ready; 75 (EX_TEMPFAIL) a download failed for lack of network to the package
+# index or the apt mirrors, so callers can tell "cannot install here" from a broken install
+# (tests skip on 75 only); 1 anything else.
+#
 # Env knobs: PERF_ANALYZER (use this binary), PERF_TOOLS_DIR (cache dir, default
 # <repo>/.perf_tools), PYTHON (interpreter whose pip downloads wheels), PERF_ANALYZER_LEGACY=1
 # (skip case 2).
@@ -47,6 +51,8 @@ MODERN_GLIBC_MIN=2.38          # from that wheel's platform tag / GLIBC_2.38 sym
 log() { echo "[install_perf_analyzer] $*" >&2; }
 die() { echo "[install_perf_analyzer] ERROR: $*" >&2; exit 1; }
 
+unavailable() { echo "[install_perf_analyzer] UNAVAILABLE: $* (or set PERF_ANALYZER=/path/to/perf_analyzer)" >&2; exit 75; }
+
 # --- 1. an explicit binary wins -------------------------------------------------------
 if [[ -n "${PERF_ANALYZER:-}" ]]; then
     [[ -x "$PERF_ANALYZER" && ! -d "$PERF_ANALYZER" ]] \
@@ -62,6 +68,24 @@ if [[ -z "${PYTHON:-}" ]]; then
     if [[ -x "$REPO_ROOT/.venv/bin/python" ]]; then PYTHON="$REPO_ROOT/.venv/bin/python"; else PYTHON=python3; fi
 fi
 
+# index_reachable NAME: does pip's index answer for project NAME (any HTTP status)? Asked
+# only after a failed download, to tell "no network" (pip's own messages for that vary with
+# its retry settings) from a real failure.
+index_reachable() {
+    "$PYTHON" - "$1" <<'EOF'
+import os, subprocess, sys, urllib.error, urllib.request
+index = os.environ.get("PIP_INDEX_URL") or subprocess.run(
+    [sys.executable, "-m", "pip", "config", "get", "global.index-url"], capture_output=True, text=True
+).stdout.strip() or "https://pypi.org/simple"
+try:
+    urllib.request.urlopen(f"{index.rstrip('/')}/{sys.argv[1]}/", timeout=20).close()
+except urllib.error.HTTPError:
+    pass  # the index answered
+except OSError as exc:
+    sys.exit(f"{index}: {exc}")
+EOF
+}
+
 # pip_download DEST SPEC PLATFORM: fetch exactly one binary wheel for PLATFORM, no deps.
 # Skipped by the callers when the wheel is already in the cache (pip itself would still
 # contact the index), which is what makes a second run fast and offline.
@@ -69,8 +93,9 @@ pip_download() {
     local dest="$1" spec="$2" platform="$3"
     log "downloading $spec ($platform) into $dest"
     "$PYTHON" -m pip download --no-deps --only-binary=:all: --platform "$platform" \
-        --disable-pip-version-check -d "$dest" "$spec" >&2 \
-        || die "pip download $spec failed (need PyPI access and pip for $PYTHON; set PYTHON=... to use another interpreter)"
+        --disable-pip-version-check -d "$dest" "$spec" >&2 && return 0
+    index_reachable "${spec%%==*}" || unavailable "no network to the package index for $spec"
+    die "pip download $spec failed although the index answers (pip of $PYTHON; set PYTHON=... to use another interpreter)"
 }
 
 # first_file GLOB: print the first existing match, or nothing.
@@ -203,8 +228,16 @@ if ! grep -q 'libb64\.so\.0d' <<<"$("$LDCONFIG" -p 2>/dev/null || true)" && [[ !
             || die "libb64.so.0d is missing and we are not root: install it by hand with 'apt-get install libb64-0d' (Debian/Ubuntu), then re-run"
     fi
     log "installing libb64-0d with apt-get"
-    { "${SUDO[@]}" apt-get update -qq && "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libb64-0d; } >&2 \
-        || die "apt-get could not install libb64-0d: install it by hand ('apt-get install libb64-0d' on Debian/Ubuntu; it provides libb64.so.0d), or drop libb64.so.0d into $TOOLS/lib/, then re-run"
+    apt_log="$TOOLS/apt-get.log"
+    # apt-get update exits 0 even when no mirror answers; its messages say so, and install fails.
+    if ! { "${SUDO[@]}" apt-get update -qq && "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libb64-0d; } \
+            >"$apt_log" 2>&1; then
+        cat "$apt_log" >&2
+        grep -Eq 'Temporary failure resolving|Could not resolve|Failed to fetch|Unable to connect|Network is unreachable' "$apt_log" \
+            && unavailable "apt-get cannot reach its mirrors to install libb64-0d"
+        die "apt-get could not install libb64-0d: install it by hand ('apt-get install libb64-0d' on Debian/Ubuntu; it provides libb64.so.0d), or drop libb64.so.0d into $TOOLS/lib/, then re-run"
+    fi
+    cat "$apt_log" >&2
 fi
 
 if ! starts "$bin_rel"; then
