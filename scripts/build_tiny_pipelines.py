@@ -36,10 +36,20 @@ from diffusers import (
     PixArtSigmaPipeline,
     PixArtTransformer2DModel,
     UniPCMultistepScheduler,
+    WanImageToVideoPipeline,
     WanPipeline,
     WanTransformer3DModel,
 )
-from transformers import PreTrainedModel, T5EncoderModel, T5Tokenizer, UMT5EncoderModel
+from PIL import Image
+from transformers import (
+    CLIPImageProcessor,
+    CLIPVisionConfig,
+    CLIPVisionModel,
+    PreTrainedModel,
+    T5EncoderModel,
+    T5Tokenizer,
+    UMT5EncoderModel,
+)
 
 SEED = 0
 
@@ -119,6 +129,53 @@ WAN_T2V_TRANSFORMER_CONFIG = dict(
     image_dim=None,
     added_kv_proj_dim=None,
     rope_max_seq_len=1024,
+)
+
+# Wan-AI/Wan2.1-I2V-14B-480P-Diffusers transformer/config.json: the 14B block with image
+# cross-attention (CLIP tokens lifted to the hidden width, hence added_kv_proj_dim = 40 * 128)
+# and 36 input channels (16 noise + 4 first-frame mask + 16 condition latents).
+WAN_I2V_TRANSFORMER_CONFIG = {
+    **WAN_T2V_TRANSFORMER_CONFIG,
+    "num_attention_heads": 40,
+    "attention_head_dim": 128,  # hidden 5120
+    "in_channels": 36,
+    "ffn_dim": 13824,
+    "num_layers": 40,
+    "image_dim": 1280,  # CLIP ViT-H/14 width
+    "added_kv_proj_dim": 5120,
+}
+
+# Its image_encoder/config.json (CLIPVisionModel, open_clip ViT-H/14 laion2B; the pipeline
+# feeds the transformer the penultimate layer's 257 tokens) and image_processor/
+# preprocessor_config.json (CLIPImageProcessor: shortest edge 224, bicubic, center crop 224,
+# OpenAI CLIP mean/std).
+WAN_I2V_IMAGE_ENCODER_CONFIG = dict(
+    hidden_size=1280,
+    intermediate_size=5120,
+    projection_dim=1024,
+    num_hidden_layers=32,
+    num_attention_heads=16,
+    num_channels=3,
+    image_size=224,
+    patch_size=14,
+    hidden_act="gelu",
+    layer_norm_eps=1e-5,
+    attention_dropout=0.0,
+    initializer_range=0.02,
+    initializer_factor=1.0,
+)
+WAN_I2V_IMAGE_PROCESSOR_CONFIG = dict(
+    do_resize=True,
+    size={"shortest_edge": 224},
+    resample=3,  # bicubic
+    do_center_crop=True,
+    crop_size={"height": 224, "width": 224},
+    do_rescale=True,
+    rescale_factor=1 / 255,
+    do_normalize=True,
+    image_mean=[0.48145466, 0.4578275, 0.40821073],
+    image_std=[0.26862954, 0.26130258, 0.27577711],
+    do_convert_rgb=True,
 )
 
 # Its vae/config.json (the Wan2.1 VAE: 8x spatial and 4x temporal compression, 16 latent
@@ -235,26 +292,85 @@ def build_tiny_pixart_sigma() -> DiffusionPipeline:
     )
 
 
-def build_tiny_wan_t2v() -> DiffusionPipeline:
-    """Wan2.1-T2V-1.3B shrunk: same classes, compression factors, latent statistics and
-    scheduler; one narrow transformer block and a 2-channel VAE, so that even an
-    81-frame 480x832 video stays affordable on a CPU."""
+def tiny_wan_parts(vae_res_blocks: int = 0) -> dict[str, Any]:
+    """The tiny Wan2.1 tokenizer, UMT5 encoder, 2-channel VAE and flow UniPC scheduler,
+    shared by the T2V and I2V builds (each part seeded on its own, so both get the same bytes).
+
+    With no residual blocks the VAE only decodes (its encoder never widens the channels its
+    downsamplers expect); image-to-video encodes too, so it asks for one per level.
+    """
     tokenizer = tiny_t5_tokenizer(model_max_length=512)
     text_encoder = tiny_t5_encoder(vocab_size=len(tokenizer), d_model=32, model_class=UMT5EncoderModel)
     torch.manual_seed(SEED)
-    vae = AutoencoderKLWan(**{**WAN_VAE_CONFIG, "base_dim": 2, "num_res_blocks": 0}).eval()
+    vae = AutoencoderKLWan(**{**WAN_VAE_CONFIG, "base_dim": 2, "num_res_blocks": vae_res_blocks}).eval()
+    scheduler = UniPCMultistepScheduler(**WAN_T2V_SCHEDULER_CONFIG)
+    return dict(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=scheduler)
+
+
+def tiny_wan_transformer(config: dict[str, Any], text_dim: int, **changes: Any) -> WanTransformer3DModel:
+    """One narrow Wan transformer block (2 heads of 8) over a real Wan transformer config."""
     torch.manual_seed(SEED)
-    transformer = WanTransformer3DModel(**{
-        **WAN_T2V_TRANSFORMER_CONFIG,
+    return WanTransformer3DModel(**{
+        **config,
         "num_attention_heads": 2,
         "attention_head_dim": 8,
         "ffn_dim": 32,
         "num_layers": 1,
-        "text_dim": text_encoder.config.d_model,
+        "text_dim": text_dim,
+        **changes,
     }).eval()
-    scheduler = UniPCMultistepScheduler(**WAN_T2V_SCHEDULER_CONFIG)
-    return WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, transformer=transformer,
-                       scheduler=scheduler)
+
+
+def build_tiny_wan_t2v() -> DiffusionPipeline:
+    """Wan2.1-T2V-1.3B shrunk: same classes, compression factors, latent statistics and
+    scheduler; one narrow transformer block and a 2-channel VAE, so that even an
+    81-frame 480x832 video stays affordable on a CPU."""
+    parts = tiny_wan_parts()
+    transformer = tiny_wan_transformer(WAN_T2V_TRANSFORMER_CONFIG, parts["text_encoder"].config.d_model)
+    return WanPipeline(**parts, transformer=transformer)
+
+
+def build_tiny_wan_i2v() -> DiffusionPipeline:
+    """Wan2.1-I2V-14B-480P shrunk: tiny-wan-t2v's text encoder and scheduler, its VAE with
+    one residual block per level (so that it encodes), a 2-layer CLIP vision tower on 32px
+    crops (17 tokens) with its image processor, and one narrow transformer block with image
+    cross-attention over 36 input channels."""
+    parts = tiny_wan_parts(vae_res_blocks=1)
+    torch.manual_seed(SEED)
+    image_encoder = CLIPVisionModel(CLIPVisionConfig(**{
+        **WAN_I2V_IMAGE_ENCODER_CONFIG,
+        "hidden_size": 16,
+        "intermediate_size": 32,
+        "projection_dim": 16,
+        "num_hidden_layers": 2,  # the pipeline reads the penultimate hidden state
+        "num_attention_heads": 2,
+        "image_size": 32,
+        "patch_size": 8,
+    })).eval()
+    image_processor = CLIPImageProcessor(**{
+        **WAN_I2V_IMAGE_PROCESSOR_CONFIG,
+        "size": {"shortest_edge": 32},
+        "crop_size": {"height": 32, "width": 32},
+    })
+    inner_dim = 2 * 8  # tiny_wan_transformer's heads x head dim
+    transformer = tiny_wan_transformer(WAN_I2V_TRANSFORMER_CONFIG, parts["text_encoder"].config.d_model,
+                                       image_dim=image_encoder.config.hidden_size, added_kv_proj_dim=inner_dim)
+    pipe = WanImageToVideoPipeline(**parts, image_encoder=image_encoder, image_processor=image_processor,
+                                   transformer=transformer)
+    # Without torchvision, transformers 5 hands out CLIPImageProcessorPil for CLIPImageProcessor;
+    # name the class the real checkpoint's model_index.json names, so either backend loads it.
+    pipe.register_to_config(image_processor=("transformers", "CLIPImageProcessor"))
+    return pipe
+
+
+def tiny_input_image(height: int = 40, width: int = 56) -> Image.Image:
+    """A deterministic RGB test image (smooth gradients plus a square), of another size than
+    the video so that the pipeline's resize runs."""
+    y, x = np.mgrid[0:height, 0:width]
+    pixels = np.stack([x * 255 // max(width - 1, 1), y * 255 // max(height - 1, 1),
+                       (x + y) * 127 // (height + width)], axis=-1)
+    pixels[height // 4:height // 2, width // 4:width // 2] = (250, 20, 60)
+    return Image.fromarray(pixels.astype(np.uint8))
 
 
 @dataclass(frozen=True)
@@ -280,6 +396,11 @@ PIPELINES: dict[str, TinySpec] = {
     "tiny-wan-t2v": TinySpec(
         build=build_tiny_wan_t2v,
         smoke_kwargs=dict(prompt="a photo of a cat", height=64, width=64, num_frames=9, num_inference_steps=2),
+    ),
+    "tiny-wan-i2v": TinySpec(
+        build=build_tiny_wan_i2v,
+        smoke_kwargs=dict(image=tiny_input_image(), prompt="a photo of a cat", height=64, width=64, num_frames=9,
+                          num_inference_steps=2),
     ),
 }
 

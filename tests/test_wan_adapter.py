@@ -23,9 +23,9 @@ from ditserve.adapters import adapter_for
 from ditserve.deployment import load_deployment
 from ditserve.schema import GenerationParams
 from ditserve.state import RequestState, TextConditioning
+from wan_helpers import assert_close, run_steps, video_params
 
 DEP = load_deployment("configs/tiny-wan-t2v.toml")
-TOLERANCE = 1
 
 
 @pytest.fixture(scope="module")
@@ -41,9 +41,6 @@ def pipe():
     return pipe
 
 
-def _params(seed: int, guidance: float = 5.0, frames: int = 9, height: int = 64, width: int = 64,
-            prompt: str = "a red cat on a blue sofa", negative: str = "blurry, dark") -> GenerationParams:
-    return GenerationParams(prompt, negative, height, width, 10, guidance, seed, num_frames=frames)
 
 
 def _admit(stages, key: str, params: GenerationParams) -> RequestState:
@@ -51,20 +48,6 @@ def _admit(stages, key: str, params: GenerationParams) -> RequestState:
     return stages["dit"].prepare(key, params, TextConditioning(*stages["text_encoder"].encode_text(texts)))
 
 
-def _run(stages, states: list[RequestState], start_ticks: list[int]) -> list[np.ndarray]:
-    """Step all admitted states together (one denoise per tick) until done; uint8 videos."""
-    tick = 0
-    while not all(s.done for s in states):
-        active = [s for s, start in zip(states, start_ticks) if start <= tick and not s.done]
-        for state, output in zip(active, stages["dit"].denoise(active)):
-            stages["dit"].scheduler_step(state, output)
-        tick += 1
-    videos = []
-    for state in states:
-        media, finite = stages["vae_decode"].decode(state.latents)
-        assert finite == [True]
-        videos.append(media[0].numpy())
-    return videos
 
 
 def _diffusers(pipe, params: GenerationParams) -> np.ndarray:
@@ -75,37 +58,33 @@ def _diffusers(pipe, params: GenerationParams) -> np.ndarray:
     return (frames[0] * 255).round().astype(np.uint8)
 
 
-def _assert_close(ours: np.ndarray, expected: np.ndarray) -> None:
-    assert ours.dtype == np.uint8 and ours.shape == expected.shape
-    diff = np.abs(ours.astype(int) - expected.astype(int))
-    assert diff.max() <= TOLERANCE, f"max diff {diff.max()}, mean {diff.mean():.5f}"
 
 
 @pytest.mark.parametrize("params", [
-    _params(seed=7),
-    _params(seed=8, guidance=1.0),
-    _params(seed=9, frames=5, height=48, width=32, negative=""),
+    video_params(seed=7),
+    video_params(seed=8, guidance=1.0),
+    video_params(seed=9, frames=5, height=48, width=32, negative=""),
 ], ids=["cfg", "no-cfg", "cfg-5-frames-48x32"])
 def test_generation_matches_diffusers(stages, pipe, params):
-    ours = _run(stages, [_admit(stages, "solo", params)], [0])[0]
+    ours = run_steps(stages, [_admit(stages, "solo", params)], [0])[0]
     assert ours.shape == (params.num_frames, params.height, params.width, 3)  # [F, H, W, C]
-    _assert_close(ours, _diffusers(pipe, params))
+    assert_close(ours, _diffusers(pipe, params))
 
 
 def test_requests_batched_at_different_timesteps_equal_their_solo_runs(stages):
-    a, b = _params(seed=1), _params(seed=2, prompt="a dog in the snow", negative="")
-    solo = [_run(stages, [_admit(stages, key, p)], [0])[0] for key, p in (("a", a), ("b", b))]
+    a, b = video_params(seed=1), video_params(seed=2, prompt="a dog in the snow", negative="")
+    solo = [run_steps(stages, [_admit(stages, key, p)], [0])[0] for key, p in (("a", a), ("b", b))]
     # b joins 3 steps late: from then on every denoise is one forward over both requests' rows.
-    batched = _run(stages, [_admit(stages, "a", a), _admit(stages, "b", b)], [0, 3])
+    batched = run_steps(stages, [_admit(stages, "a", a), _admit(stages, "b", b)], [0, 3])
     for ours, expected in zip(batched, solo):
-        _assert_close(ours, expected)
+        assert_close(ours, expected)
 
 
 def test_shapes_come_from_the_model_even_without_the_vae(stages):
     dit = stages["dit"]
     assert dit.pipe.vae is None and dit.pipe.transformer_2 is None
     assert (dit.vae_scale_factor, dit.vae_scale_factor_temporal) == (8, 4)
-    assert dit.latent_shape(_params(seed=0, frames=81, height=480, width=832)) == (1, 16, 21, 60, 104)
+    assert dit.latent_shape(video_params(seed=0, frames=81, height=480, width=832)) == (1, 16, 21, 60, 104)
     assert dit.latent_dtype == torch.float32
 
 

@@ -21,8 +21,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_DEPLOYMENT = "configs/tiny-pixart-sigma.toml"
 ENGINE_MODES = ("serial", "request_batch", "step")
 # The task each model family serves; it names the public models (`<task>`, `<task>_stream`).
-FAMILY_TASKS = {"pixart-sigma": "txt2img", "wan-t2v": "txt2vid"}
-VIDEO_TASKS = ("txt2vid",)
+FAMILY_TASKS = {"pixart-sigma": "txt2img", "wan-t2v": "txt2vid", "wan-i2v": "img2vid"}
+VIDEO_TASKS = ("txt2vid", "img2vid")
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,16 @@ from .schema import GenerationParams
 
 @dataclass
 class TextConditioning:
-    """Prompt embeddings for one request: row 0 = negative (only with CFG), last row = prompt."""
+    """Prompt embeddings for one request: row 0 = negative (only with CFG), last row = prompt.
+
+    `extra` holds a family's other per-request conditioning (Wan2.1 I2V: CLIP image
+    embeddings and the first-frame condition latents), by name, each with batch dim 1 and
+    shared by the CFG rows; empty for text-only families.
+    """
 
     embeds: torch.Tensor      # [1 or 2, L, D]
     mask: torch.Tensor        # [1 or 2, L]
+    extra: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass
@@ -55,6 +61,9 @@ class RequestState:
         """Requests with equal keys can share one transformer forward.
 
         Shape (latent size) and CFG on/off change tensor shapes; the timestep does not
-        (it is a per-sample tensor), nor does the step count.
+        (it is a per-sample tensor), nor does the step count. Extra conditioning (its
+        names, shapes and dtypes) tells conditioning kinds apart: image-to-video requests
+        carry a condition video and image embeddings that text-to-video ones lack.
         """
-        return (tuple(self.latents.shape), self.params.do_cfg, self.latents.dtype)
+        extra = tuple((name, tuple(t.shape), t.dtype) for name, t in sorted(self.cond.extra.items()))
+        return (tuple(self.latents.shape), self.params.do_cfg, self.latents.dtype, extra)

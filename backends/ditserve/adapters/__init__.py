@@ -4,8 +4,11 @@ from __future__ import annotations
 from .base import FamilyAdapter
 from .pixart_sigma import PixArtSigmaAdapter
 from .wan import WanT2VAdapter
+from .wan_i2v import WanI2VAdapter
 
-ADAPTERS: dict[str, type[FamilyAdapter]] = {adapter.family: adapter for adapter in (PixArtSigmaAdapter, WanT2VAdapter)}
+ADAPTERS: dict[str, type[FamilyAdapter]] = {
+    adapter.family: adapter for adapter in (PixArtSigmaAdapter, WanT2VAdapter, WanI2VAdapter)
+}
 
 
 def adapter_for(family: str) -> type[FamilyAdapter]:

@@ -9,6 +9,9 @@ its `__call__` into the pieces the serving stages need:
   scheduler_step (dit, per request)   advance one state with its own scheduler
   decode       (vae_decode stage)     latents -> uint8 media on the device
 
+Image-conditioned families (wan_i2v.py) add the encoders a vae_encode stage calls and
+hand prepare their per-request conditioning in `TextConditioning.extra`.
+
 Only the pieces that differ between families are abstract.
 """
 from __future__ import annotations
@@ -32,6 +35,8 @@ STAGE_COMPONENTS = {
     "text_encoder": ("text_encoder", "tokenizer"),
     "dit": ("transformer", "scheduler"),
     "vae_decode": ("vae",),
+    # Image-conditioned tasks (img2vid): the input image -> image embeddings + condition latents.
+    "vae_encode": ("vae", "image_encoder", "image_processor"),
 }
 
 
@@ -109,7 +114,8 @@ class FamilyAdapter(ABC):
         latents = randn_tensor(self.latent_shape(params), generator=generator, device=self.device,
                                dtype=self.latent_dtype)
         latents = latents * scheduler.init_noise_sigma
-        cond = TextConditioning(cond.embeds.to(self.device, self.dtype), cond.mask.to(self.device))
+        cond = TextConditioning(cond.embeds.to(self.device, self.dtype), cond.mask.to(self.device),
+                                {name: t.to(self.device) for name, t in cond.extra.items()})
         accepts_generator = "generator" in inspect.signature(scheduler.step).parameters
         step_kwargs = {"generator": generator} if accepts_generator else {}
         return RequestState(key, params, scheduler, scheduler.timesteps, latents, cond, generator, step_kwargs)
@@ -118,6 +124,7 @@ class FamilyAdapter(ABC):
     def denoise(self, states: list[RequestState]) -> list[torch.Tensor]:
         """One guided model output per state; all states must share a compat key."""
         latents, timesteps, embeds, masks = [], [], [], []
+        extras = {name: [] for name in states[0].cond.extra}
         for s in states:
             rows = 2 if s.params.do_cfg else 1
             model_input = s.scheduler.scale_model_input(torch.cat([s.latents] * rows), s.timestep)
@@ -125,8 +132,11 @@ class FamilyAdapter(ABC):
             timesteps.append(s.timestep.reshape(1).expand(rows))
             embeds.append(s.cond.embeds)
             masks.append(s.cond.mask)
+            for name, t in s.cond.extra.items():  # one row per request, shared by its CFG rows
+                extras[name].append(t.expand(rows, *t.shape[1:]))
         out = self.forward(torch.cat(latents), torch.cat(timesteps).to(self.device),
-                           TextConditioning(torch.cat(embeds), torch.cat(masks)))
+                           TextConditioning(torch.cat(embeds), torch.cat(masks),
+                                            {name: torch.cat(ts) for name, ts in extras.items()}))
         results, row = [], 0
         for s in states:
             if s.params.do_cfg:

@@ -39,10 +39,15 @@ class WanT2VAdapter(FamilyAdapter):
     def latent_dtype(self) -> torch.dtype:
         return torch.float32  # WanPipeline.prepare_latents; the scheduler steps in float32
 
+    @property
+    def num_channels_latents(self) -> int:
+        """Channels of the noise the scheduler steps: WanPipeline takes the transformer's input channels."""
+        return self.pipe.transformer.config.in_channels
+
     def latent_shape(self, params: GenerationParams) -> tuple[int, ...]:
         frames = (params.num_frames - 1) // self.vae_scale_factor_temporal + 1
         scale = self.vae_scale_factor
-        return (1, self.pipe.transformer.config.in_channels, frames, params.height // scale, params.width // scale)
+        return (1, self.num_channels_latents, frames, params.height // scale, params.width // scale)
 
     def prepare(self, key: str, params: GenerationParams, cond: TextConditioning) -> RequestState:
         state = super().prepare(key, params, cond)
@@ -78,13 +83,18 @@ class WanT2VAdapter(FamilyAdapter):
         return transformer(hidden_states=latents.to(transformer.dtype), timestep=timesteps,
                            encoder_hidden_states=cond.embeds, return_dict=False)[0]
 
+    def latent_stats(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The VAE's per-channel `latents_mean` and 1 / `latents_std`, [1, C, 1, 1, 1], built as WanPipeline does."""
+        config = self.pipe.vae.config
+        stats = (1, config.z_dim, 1, 1, 1)
+        latents_mean = torch.tensor(config.latents_mean).view(stats).to(device, dtype)
+        latents_std = 1.0 / torch.tensor(config.latents_std).view(stats).to(device, dtype)
+        return latents_mean, latents_std
+
     def decode_latents(self, latents: torch.Tensor) -> torch.Tensor:
         """[N, C, f, h, w] latents -> [N, F, 3, H, W] frames, un-normalised exactly as WanPipeline does."""
-        vae = self.pipe.vae
-        stats = (1, vae.config.z_dim, 1, 1, 1)
-        latents_mean = torch.tensor(vae.config.latents_mean).view(stats).to(latents.device, latents.dtype)
-        latents_std = 1.0 / torch.tensor(vae.config.latents_std).view(stats).to(latents.device, latents.dtype)
-        video = vae.decode(latents / latents_std + latents_mean, return_dict=False)[0]
+        latents_mean, latents_std = self.latent_stats(latents.device, latents.dtype)
+        video = self.pipe.vae.decode(latents / latents_std + latents_mean, return_dict=False)[0]
         return video.transpose(1, 2)
 
     def check_limits(self, stage: str) -> None:

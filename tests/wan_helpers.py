@@ -1,0 +1,37 @@
+"""Shared pieces of the pure-python Wan adapter tests (T2V and I2V): params, a step loop
+that lets requests join late, and the parity check against diffusers."""
+from __future__ import annotations
+
+import numpy as np
+
+from ditserve.schema import GenerationParams
+from ditserve.state import RequestState
+
+TOLERANCE = 1   # uint8 levels; why: the docstrings of test_wan_adapter.py / test_wan_i2v_adapter.py
+
+
+def video_params(seed: int, guidance: float = 5.0, frames: int = 9, height: int = 64, width: int = 64,
+                 prompt: str = "a red cat on a blue sofa", negative: str = "blurry, dark") -> GenerationParams:
+    return GenerationParams(prompt, negative, height, width, 10, guidance, seed, num_frames=frames)
+
+
+def run_steps(stages, states: list[RequestState], start_ticks: list[int]) -> list[np.ndarray]:
+    """Step all admitted states together (one denoise per tick) until done; uint8 videos."""
+    tick = 0
+    while not all(s.done for s in states):
+        active = [s for s, start in zip(states, start_ticks) if start <= tick and not s.done]
+        for state, output in zip(active, stages["dit"].denoise(active)):
+            stages["dit"].scheduler_step(state, output)
+        tick += 1
+    videos = []
+    for state in states:
+        media, finite = stages["vae_decode"].decode(state.latents)
+        assert finite == [True]
+        videos.append(media[0].numpy())
+    return videos
+
+
+def assert_close(ours: np.ndarray, expected: np.ndarray) -> None:
+    assert ours.dtype == np.uint8 and ours.shape == expected.shape
+    diff = np.abs(ours.astype(int) - expected.astype(int))
+    assert diff.max() <= TOLERANCE, f"max diff {diff.max()}, mean {diff.mean():.5f}"
