@@ -19,6 +19,13 @@ channel, so cancelling one (the stream's `cancel()`) touches no other. Phases: w
 (excluded), solo latency of every distinct shape (one request at a time, excluded), then
 the measured run. Server metrics (`--metrics-url`) are diffed around the measured run only.
 
+Two optional trace fields serve reliability runs (perf/soak.py): `unary: true` sends the
+request to the non-streaming model (`txt2img`), the only path on which a client sees an
+error's gRPC status (a stream's error carries its message alone; unary requests are never
+cancelled), and `expect_error: REGEX` marks a request that must fail with a matching error
+(a bad input, a fault-tagged prompt). `unexpected_outcomes` counts the requests whose one
+terminal outcome is not what it should be (see outcome_problem).
+
 Report names follow vLLM-Omni's diffusion benchmark
 (benchmarks/diffusion/diffusion_benchmark_serving.py: duration, completed_requests,
 failed_requests, throughput_qps, latency_mean/median/p50/p99 in SECONDS,
@@ -34,8 +41,6 @@ import json
 import os
 import random
 import re
-import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -46,9 +51,13 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # perf/resources.py, also when loaded by file path
+import resources  # noqa: E402
+
 MODEL = "txt2img_stream"
 PUBLIC_LABEL = MODEL          # model label of the ditserve_* series of the streaming entry point
-TRACE_FIELDS = ("t", "prompt", "height", "width", "num_inference_steps", "guidance_scale", "seed", "cancel_after_s")
+TRACE_FIELDS = ("t", "prompt", "height", "width", "num_inference_steps", "guidance_scale", "seed", "cancel_after_s",
+                "unary", "expect_error")
 DEFAULT_PROMPTS = (
     "a red fox sitting in the snow, watercolor",
     "a lighthouse on a cliff at dusk, oil painting",
@@ -183,6 +192,7 @@ class Record:
     cancel_sent: bool = False
     cancel_too_late: bool = False     # the cancel timer fired after the request had ended
     error: str | None = None
+    expect_error: str | None = None   # regex the terminal error must match (a bad or fault-tagged request)
     image_shape: tuple | None = None
 
     @property
@@ -220,6 +230,8 @@ async def one_request(client, entry: dict, rec: Record, t0: float, timeout_s: fl
     now = lambda: time.perf_counter() - t0  # noqa: E731
     inputs = _inputs(grpcclient, entry)
     request_id = uuid.uuid4().hex
+    if entry.get("unary"):
+        return await _unary_request(client, inputs, request_id, rec, now, timeout_s, model.removesuffix("_stream"))
 
     async def requests():
         yield {"model_name": model, "inputs": inputs, "request_id": request_id}
@@ -240,6 +252,13 @@ async def one_request(client, entry: dict, rec: Record, t0: float, timeout_s: fl
         if rec.terminals == 0:
             rec.outcome, rec.end_s, rec.error = outcome, now(), error
         rec.terminals += 1
+
+    def our_cancel_ended_it() -> None:
+        # Our cancel can cross the server's one terminal response in flight (gRPC still hands
+        # us what it had received): then that response is the outcome, and the cancel is no
+        # second terminal. Two server terminals would still count twice.
+        if rec.terminals == 0:
+            terminal("cancelled")
 
     try:
         async for result, error in stream:
@@ -266,10 +285,10 @@ async def one_request(client, entry: dict, rec: Record, t0: float, timeout_s: fl
         task = asyncio.current_task()
         if not rec.cancel_sent or (task is not None and getattr(task, "cancelling", lambda: 0)()):
             raise  # we are being cancelled ourselves (Ctrl-C, shutdown), not our stream
-        terminal("cancelled")
+        our_cancel_ended_it()
     except grpc.aio.AioRpcError as exc:
         if exc.code() == grpc.StatusCode.CANCELLED and rec.cancel_sent:
-            terminal("cancelled")
+            our_cancel_ended_it()
         elif exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED and rec.terminals == 0:
             rec.outcome, rec.end_s, rec.error = "lost", now(), f"no terminal response within {timeout_s}s"
         else:
@@ -285,6 +304,29 @@ async def one_request(client, entry: dict, rec: Record, t0: float, timeout_s: fl
     return rec
 
 
+async def _unary_request(client, inputs: list, request_id: str, rec: Record, now, timeout_s: float,
+                         model: str) -> Record:
+    """One call of the non-streaming model: the only way a client sees the error's gRPC status
+    (a stream's error carries its message alone). Never cancelled."""
+    from tritonclient.utils import InferenceServerException
+
+    rec.send_s = now()
+    try:
+        result = await client.infer(model, inputs, request_id=request_id, client_timeout=timeout_s)
+    except InferenceServerException as exc:   # str() is "[StatusCode.X] message"
+        lost = "DEADLINE_EXCEEDED" in str(exc.status())
+        rec.outcome, rec.error = ("lost", f"no response within {timeout_s}s") if lost else ("failed", str(exc))
+        rec.terminals, rec.end_s = int(not lost), now()
+        return rec
+    image = result.as_numpy("image")
+    rec.outcome, rec.terminals, rec.end_s = ("completed" if image is not None else "failed"), 1, now()
+    if image is None:
+        rec.error = "response without an image"
+    else:
+        rec.image_shape = tuple(int(v) for v in image.shape)
+    return rec
+
+
 async def run_entries(url: str, entries: list[dict], max_concurrency: int | None, timeout_s: float,
                       speedup: float = 1.0, model: str = MODEL, progress_label: str = "") -> tuple[list[Record], float]:
     """Send `entries` at their arrival offsets (open loop); returns records and the run's t0."""
@@ -292,7 +334,8 @@ async def run_entries(url: str, entries: list[dict], max_concurrency: int | None
 
     client = aioclient.InferenceServerClient(url)
     sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
-    records = [Record(i, shape_key(e), float(e.get("t", 0.0)) / speedup, e.get("cancel_after_s")) for i, e in enumerate(entries)]
+    records = [Record(i, shape_key(e), float(e.get("t", 0.0)) / speedup, None if e.get("unary") else e.get("cancel_after_s"),
+                      expect_error=e.get("expect_error")) for i, e in enumerate(entries)]
     t0 = time.perf_counter()
     done = 0
 
@@ -382,40 +425,13 @@ def server_summary(before: dict, after: dict) -> dict:
     return out
 
 
-def _proc_tree_rss_kb(pid: int) -> tuple[int, int]:
-    """(sum of VmRSS in kB, process count) of `pid` and all its descendants (Linux /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            ppid = int(stat[stat.rindex(")") + 2:].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    total, count, todo = 0, 0, [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
-                    count += 1
-                    break
-        except OSError:
-            continue
-        todo.extend(children.get(p, []))
-    return total, count
-
-
 class Sampler:
     """Background sampling of the server's RSS (pid tree) and of GPU memory (nvidia-smi)."""
 
     def __init__(self, server_pid: int | None, interval_s: float = 0.25):
         self.server_pid = server_pid
         self.interval_s = interval_s
-        self.nvidia_smi = shutil.which("nvidia-smi")
+        self.gpu_enabled = True            # until nvidia-smi is found missing or failing
         self.rss: list[tuple[int, int]] = []
         self.gpu: list[list[float]] = []
         self.gpu_names: list[str] = []
@@ -423,24 +439,16 @@ class Sampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
-    def _gpu_sample(self) -> None:
-        try:
-            out = subprocess.run([self.nvidia_smi, "--query-gpu=name,memory.used", "--format=csv,noheader,nounits"],
-                                 capture_output=True, text=True, timeout=10)
-            rows = [r.rsplit(",", 1) for r in out.stdout.strip().splitlines() if r.strip()]
-            if out.returncode != 0 or not rows:
-                raise RuntimeError(out.stderr.strip() or f"exit {out.returncode}")
-            self.gpu_names = [r[0].strip() for r in rows]
-            self.gpu.append([float(r[1]) for r in rows])
-        except Exception as exc:  # noqa: BLE001 - optional measurement, never fatal
-            self.gpu_error = str(exc)
-            self.nvidia_smi = None
-
     def sample(self) -> None:
         if self.server_pid:
-            self.rss.append(_proc_tree_rss_kb(self.server_pid))
-        if self.nvidia_smi:
-            self._gpu_sample()
+            pids = resources.process_tree(self.server_pid)
+            self.rss.append((sum(resources.rss_kb(p) for p in pids), len(pids)))
+        if self.gpu_enabled:
+            try:
+                self.gpu_names, used = resources.gpu_memory_mb()
+                self.gpu.append(used)
+            except RuntimeError as exc:  # optional measurement, never fatal
+                self.gpu_error, self.gpu_enabled = str(exc), False
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -472,7 +480,7 @@ class Sampler:
                        gpu_memory_used_mb_peak_total=round(max(sum(s) for s in self.gpu)))
         else:
             out["gpu_memory_used_mb_peak"] = None
-            out["gpu_memory_note"] = self.gpu_error or "nvidia-smi not found; GPU memory not sampled"
+            out["gpu_memory_note"] = self.gpu_error
         return out
 
 
@@ -494,6 +502,22 @@ def _offered(entries: list[dict], speedup: float = 1.0) -> float | None:
     return round((len(t) - 1) / (t[-1] - t[0]), 4) if len(t) > 1 and t[-1] > t[0] else None
 
 
+def outcome_problem(rec: Record) -> str | None:
+    """Why the request's one terminal outcome is not the one it should have had, or None.
+
+    A request with `expect_error` must fail with an error matching it; any other must complete,
+    or end cancelled after our own cancel (a cancel that arrives late lets it complete)."""
+    if rec.terminals != 1:
+        return f"{rec.terminals} terminal responses ({rec.outcome}: {rec.error})"
+    if rec.expect_error:
+        if rec.outcome != "failed" or not re.search(rec.expect_error, rec.error or ""):
+            return f"expected an error matching {rec.expect_error!r}, got {rec.outcome}: {rec.error}"
+        return None
+    if rec.outcome == "completed" or (rec.outcome == "cancelled" and rec.cancel_sent):
+        return None
+    return f"got {rec.outcome}: {rec.error}"
+
+
 def summarize(entries: list[dict], records: list[Record], duration_s: float, solo_ms: dict[str, float],
               slo_scale: float, speedup: float = 1.0) -> dict:
     by = {k: [r for r in records if r.outcome == k] for k in ("completed", "failed", "cancelled", "lost")}
@@ -510,6 +534,8 @@ def summarize(entries: list[dict], records: list[Record], duration_s: float, sol
         "responses_after_terminal": sum(r.after_terminal for r in records),
         "cancels_requested": sum(1 for r in records if r.cancel_after_s is not None),
         "cancels_too_late": sum(1 for r in records if r.cancel_too_late),
+        "expected_failures": sum(1 for r in records if r.expect_error and outcome_problem(r) is None),
+        "unexpected_outcomes": sum(1 for r in records if outcome_problem(r) is not None),
         "duration": round(duration_s, 4),
         "offered_request_rate": _offered(entries, speedup),
         "request_throughput": round(len(completed) / duration_s, 4) if duration_s > 0 else None,
@@ -530,7 +556,7 @@ def summarize(entries: list[dict], records: list[Record], duration_s: float, sol
     # lost ones count as misses (as in vLLM-Omni, where the denominator is every request
     # with an SLO).
     if solo_ms and slo_scale > 0:
-        eligible = [r for r in records if r.outcome != "cancelled" and r.shape in solo_ms]
+        eligible = [r for r in records if r.outcome != "cancelled" and not r.expect_error and r.shape in solo_ms]
         met = [r for r in eligible if r.outcome == "completed" and r.e2el_s * 1000.0 <= slo_scale * solo_ms[r.shape]]
         out.update(slo_scale=slo_scale, slo_defined_total=len(eligible), slo_met_success=len(met),
                    slo_attainment_rate=round(len(met) / len(eligible), 4) if eligible else None)
@@ -585,9 +611,11 @@ async def run(cfg: LoadgenConfig) -> dict:
                     "warmup": cfg.warmup, "max_concurrency": cfg.max_concurrency, "speedup": cfg.speedup,
                     "request_timeout_s": cfg.timeout_s}
 
+    # Warm-up and solo runs use plain streamed requests: no cancels, no requests meant to fail.
+    plain = [{k: v for k, v in e.items() if k not in ("t", "cancel_after_s", "unary")}
+             for e in entries if not e.get("expect_error")] or [{"prompt": DEFAULT_PROMPTS[0]}]
     if cfg.warmup > 0:
-        warm = [{**{k: v for k, v in entries[i % len(entries)].items() if k != "cancel_after_s"}, "t": 0.0}
-                for i in range(cfg.warmup)]
+        warm = [{**plain[i % len(plain)], "t": 0.0} for i in range(cfg.warmup)]
         _log(cfg, f"warm-up: {len(warm)} requests at once (excluded)")
         recs, _ = await run_entries(cfg.url, warm, cfg.max_concurrency, cfg.timeout_s, model=cfg.model)
         report["warmup_outcomes"] = {k: sum(1 for r in recs if r.outcome == k) for k in ("completed", "failed", "lost")}
@@ -596,10 +624,11 @@ async def run(cfg: LoadgenConfig) -> dict:
 
     solo: dict[str, float] = {}
     if cfg.measure_solo and cfg.slo_scale > 0:
-        # Shapes that only cancelled requests have need no solo run: those requests have no SLO.
+        # Shapes that only cancelled (or failing) requests have need no solo run: those have no SLO.
         shapes: dict[str, dict] = {}
-        for e in (e for e in entries if e.get("cancel_after_s") is None):
-            shapes.setdefault(shape_key(e), {k: v for k, v in e.items() if k not in ("t", "cancel_after_s")})
+        for e in entries:
+            if e.get("cancel_after_s") is None and not e.get("expect_error"):
+                shapes.setdefault(shape_key(e), {k: v for k, v in e.items() if k not in ("t", "unary")})
         _log(cfg, f"solo latency: {len(shapes)} shape(s) x {cfg.solo_repeats}, one request at a time (excluded)")
         solo_raw: dict[str, list[float]] = {}
         for _ in range(max(1, cfg.solo_repeats)):

@@ -4,25 +4,29 @@
 Every request must get exactly one terminal outcome on the client (image, error, or the
 cancel we made), the server must stay ready, and the engine's state table must be empty at
 the end. Resource figures (tritonserver + stub RSS, open fds, /dev/shm bytes the server
-maps, state table) are sampled throughout; their deltas and slopes after warm-up are
-printed (`pytest -s`) and held to loose bounds.
+maps, state table; perf/resources.py) are sampled throughout; their deltas and slopes after
+warm-up are printed (`pytest -s`) and held to loose bounds. The long recipe with arrivals
+below, near and above saturation and injected faults is perf/soak.py.
 """
 from __future__ import annotations
 
 import os
 import queue
 import random
+import sys
 import threading
 import time
 import uuid
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import tritonclient.grpc as grpcclient
 
 from ditserve.client import GenerationRequest
 from helpers import grpc_inputs, scrape, wait_for_metric
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "perf"))
+import resources  # noqa: E402  (perf/resources.py: the sampler perf/soak.py uses too)
 
 DURATION_S = float(os.environ.get("DITSERVE_SOAK_SECONDS", 40))   # longer runs by hand: =600
 WORKERS = 6
@@ -35,61 +39,9 @@ BAD_REQUESTS = [   # (request, words of the error)
 ]
 
 
-# ---- resource figures of the server process tree --------------------------------------
-def _tree(pid: int) -> list[int]:
-    pids = [pid]
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            pids += [int(c) for c in (task / "children").read_text().split()]
-        except OSError:
-            pass
-    return pids
-
-
-def _rss_kb(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
-
-
-def _name(pid: int) -> str:
-    """The model instance a stub serves (e.g. dit_0_0), or the executable's name."""
-    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    return argv[8].decode() if len(argv) > 8 and b"python_backend_stub" in argv[0] else Path(argv[0].decode()).name
-
-
 def sample(server) -> dict:
-    rss = fds = 0
-    shm: set[str] = set()
-    by_process: dict[str, float] = {}
-    pids = _tree(server.process.pid)
-    for pid in pids:
-        try:
-            kb = _rss_kb(pid)
-            rss += kb
-            by_process[_name(pid)] = kb / 1024
-            fds += len(os.listdir(f"/proc/{pid}/fd"))
-            for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
-                if "/dev/shm/" in line:
-                    shm.add(line.split("/dev/shm/", 1)[1].split(" ")[0])
-        except OSError:
-            pass   # a process that just went away
-    shm_bytes = 0
-    for name in shm:
-        try:
-            shm_bytes += os.stat(f"/dev/shm/{name}").st_size
-        except OSError:
-            pass
-    table = scrape(server.metrics_url).get(("ditserve_state_table_size", "dit"), 0.0)
-    return {"t": time.monotonic(), "processes": len(pids), "rss_mb": rss / 1024, "fds": fds,
-            "shm_mb": shm_bytes / 2**20, "state_table": table, "by_process": by_process}
-
-
-def _slope_per_min(samples: list[dict], key: str) -> float:
-    t = np.array([s["t"] for s in samples])
-    y = np.array([s[key] for s in samples], dtype=float)
-    return float(np.polyfit(t - t[0], y, 1)[0] * 60) if len(samples) > 2 else 0.0
+    return resources.sample(server.process.pid, lambda: scrape(server.metrics_url).get(
+        ("ditserve_state_table_size", "dit"), 0.0))
 
 
 # ---- load ---------------------------------------------------------------------------------
@@ -146,9 +98,18 @@ def _stream_request(url: str, request: GenerationRequest, rid: str, ledger: Ledg
         break
     if not cancelled:
         client.stop_stream()   # returns once the server closed the stream: a 2nd terminal would be in by now
+    late = []
     while not responses.empty():
         kind, value = responses.get()
+        # tritonclient reports our own stream cancel as a local error: not a server response.
         if kind != "progress" and not (cancelled and kind == "error" and "cancel" in str(value).lower()):
+            late.append(kind)
+    if cancelled and len(late) > 1:
+        # The cancel can cross the server's one terminal response (media or the cancel error)
+        # in flight; two of them would be a duplicate.
+        ledger.terminal(rid, "+".join(late))
+    elif not cancelled:
+        for kind in late:
             ledger.terminal(rid, kind)   # a second terminal outcome
     client.close()
 
@@ -233,9 +194,9 @@ def test_soak_every_request_ends_once_and_nothing_leaks(server):
     print(f"\nsoak: {len(ledger.terminals)} requests in {DURATION_S} s by {WORKERS} workers; kinds {dict(kinds)}; "
           f"outcomes {dict(outcomes)}")
     print(f"soak: rss {samples[0]['rss_mb']:.0f} -> {samples[-1]['rss_mb']:.0f} MB "
-          f"(after warm-up {delta['rss_mb']:+.1f} MB, {_slope_per_min(warm, 'rss_mb'):+.1f} MB/min); "
+          f"(after warm-up {delta['rss_mb']:+.1f} MB, {resources.slope_per_min(warm, 'rss_mb'):+.1f} MB/min); "
           f"fds {samples[0]['fds']} -> {samples[-1]['fds']} ({delta['fds']:+d}, "
-          f"{_slope_per_min(warm, 'fds'):+.2f}/min); /dev/shm {samples[0]['shm_mb']:.1f} -> "
+          f"{resources.slope_per_min(warm, 'fds'):+.2f}/min); /dev/shm {samples[0]['shm_mb']:.1f} -> "
           f"{samples[-1]['shm_mb']:.1f} MB ({delta['shm_mb']:+.1f}); processes {samples[0]['processes']} -> "
           f"{samples[-1]['processes']}; state table max {max(s['state_table'] for s in samples):.0f}, "
           f"end {samples[-1]['state_table']:.0f}")

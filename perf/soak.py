@@ -1,0 +1,705 @@
+#!/usr/bin/env python
+"""Soak: Poisson load below, near and above saturation, with cancels, bad requests and
+injected faults; checks that every request ends exactly once and that nothing leaks.
+
+    # CPU, tiny deployment (~3.5 min on 2 cores; perf/results/2026-11-29-cpu-soak.md)
+    python perf/soak.py --deployment configs/tiny-pixart-sigma.toml --sizes 32,64,96,64x32 \\
+        --steps 2-12 --guidance 1.0,4.5 --phases 0.5,0.9,1.3 --phase-seconds 40 --out outputs/soak-cpu
+    # GPU host, full-size random-weight PixArt-Sigma (~5.5 min; perf/README.md, "Soak recipe")
+    python perf/soak.py --deployment configs/pixart-sigma-1024-random.toml --sizes 512,768,1024 \\
+        --steps 10-20 --phase-seconds 60 --saturation-seconds 20 --fault-rate 0.02 \\
+        --request-timeout 120 --out $OUT
+
+One run:
+ 1. writes OUT/deployment.toml: the deployment plus a [faults] section (FAULTS below) whose
+    rules fire only on prompts carrying their marker, renders a model repository for it
+    (scripts/render_repository.py) and starts tritonserver on it (ditserve.launcher);
+ 2. warm-up: two rounds of `capacity` concurrent requests; the second round's median
+    latency L sets the default cancel delay (uniform in 0.1 L .. 0.9 L after sending);
+ 3. saturation: --saturation-rps R, or measured by a closed loop of --saturation-concurrency
+    (default 2 x capacity, so the engine never waits for work) streamed requests, each client
+    sending its next request when the last one ended, for --saturation-seconds:
+    R = completed / (last end - first send);
+ 4. one phase per fraction F of --phases: Poisson arrivals at F x R for --phase-seconds
+    (perf/loadgen.py, one gRPC stream per request), then a drain until the server has
+    counted every request and its state table is empty. Of each phase's requests
+    --cancel-rate are cancelled by the client mid-generation, --bad-rate are bad inputs (half
+    unary, which must fail with INVALID_ARGUMENT, half streamed, whose error carries no
+    status code and must name the input) and --fault-rate carry a fault marker (one error
+    naming the stage, or an image for the stall fault), at least one bad and one fault per
+    phase; --unary-share of the others go to the non-streaming model;
+ 5. a sampler thread reads, every --sample-interval s, the RSS of tritonserver and its stubs,
+    GPU memory (nvidia-smi; null without one), open fds, /dev/shm bytes the server maps
+    (perf/resources.py), the dit state table, and readiness.
+
+The ledger: every request must end with exactly one terminal outcome on the client, of the
+kind it should have (image, the expected error, or our cancel; a cancel that crosses the
+final response in flight may leave the image: `loadgen.outcome_problem`), and the server's
+outcome counters must agree (one server terminal per request at most, failures only where
+the client saw them). Slopes per minute of every resource figure are reported per phase and
+overall, after dropping the first --warmup-share of each span, and at idle after each drain.
+
+Writes OUT/soak.json, OUT/soak.md, OUT/deployment.toml and OUT/server.log. Exit status 0
+when everything held; 1 when a request was lost, duplicated or ended the wrong way, the
+server counts disagree, the server stopped being ready, a stub process came or went, or the
+state table did not return to 0; 130 when interrupted (SIGINT/SIGTERM: the partial report is
+still written).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import random
+import re
+import shlex
+import signal
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "perf"))
+
+import resources  # noqa: E402
+from machine import fence, machine_info, machine_label, server_version  # noqa: E402
+from matched_control import loadgen, render_repository  # noqa: E402
+
+from ditserve.deployment import Deployment, load_deployment  # noqa: E402  (matched_control put backends/ on the path)
+from ditserve.launcher import ServerOptions, TritonServer, free_ports  # noqa: E402
+
+STATE_TABLE = ("ditserve_state_table_size", "dit")
+COUNTERS = {"completed": "ditserve_requests_completed_total", "failed": "ditserve_requests_failed_total",
+            "cancelled": "ditserve_requests_cancelled_total"}
+# name -> (rule of the [faults] section, regex the one error must match; None = must complete).
+# Prompt markers keep every rule off for untagged requests; a raise in a batched call is
+# retried one request at a time by the stages, so only the tagged request may fail.
+FAULTS: dict[str, tuple[dict, str | None]] = {
+    "encode-raise": ({"point": "encode", "action": "raise"}, r"^text_encoder: .*InjectedFault"),
+    "denoise-raise": ({"point": "denoise", "action": "raise"}, r"^dit: denoise step \d+/\d+ failed in the transformer"),
+    "scheduler-nan": ({"point": "scheduler_step", "action": "nan", "step": 1}, r"^dit: .*non-finite latents"),
+    "output-raise": ({"point": "output", "action": "raise"}, r"^output: could not build the final response"),
+    "encode-stall": ({"point": "encode", "action": "sleep", "seconds": 0.3}, None),
+}
+
+
+def marker(fault: str) -> str:
+    return f"#soak-{fault}"
+
+
+# ---- deployment and server -----------------------------------------------------------------
+
+def _toml_inline(table: dict) -> str:
+    return "{ " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in table.items()) + " }"
+
+
+def write_fault_deployment(base: Path, out: Path) -> Deployment:
+    """The base deployment with a [faults] section of FAULTS appended, checked by the server's loader."""
+    text = base.read_text()
+    if re.search(r"^\[faults", text, flags=re.M):
+        raise SystemExit(f"{base} already has a [faults] section; soak adds its own")
+    rules = ",\n".join(f"  {_toml_inline({**rule, 'marker': marker(name)})}" for name, (rule, _) in FAULTS.items())
+    out.write_text(f"# {base.name} + fault rules for tagged prompts only (written by perf/soak.py)\n{text.rstrip()}\n\n"
+                   f"[faults]\nrules = [\n{rules},\n]\n")
+    return load_deployment(out)
+
+
+def bad_variants(dep: Deployment) -> list[tuple[dict, str]]:
+    """(fields that make a request invalid under this deployment's limits, the input the error names)."""
+    lim = dep.limits
+    return [({"height": dep.defaults.height + lim.size_multiple // 2}, "height"),   # not a multiple
+            ({"width": lim.max_size + lim.size_multiple}, "width"),                   # too large
+            ({"num_inference_steps": 0}, "num_inference_steps"),
+            ({"guidance_scale": -1.0}, "guidance_scale"),
+            ({"prompt": "   "}, "prompt")]
+
+
+def server_ready(server: TritonServer) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{server.http_url}/v2/health/ready", timeout=10) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def server_counts(before: dict, after: dict, task: str) -> dict[str, int]:
+    """Terminal outcomes the public models (unary and streaming) counted between two scrapes."""
+    return {k: int(sum(after.get((name, m), 0.0) - before.get((name, m), 0.0) for m in (task, f"{task}_stream")))
+            for k, name in COUNTERS.items()}
+
+
+def settle(metrics_url: str, before: dict, n: int, task: str, timeout_s: float) -> dict:
+    """Scrape until the server counted all `n` requests and holds no state, or nothing moved for 3 s
+    with the table empty (a request cancelled while queued in Triton is never counted), or timeout."""
+    deadline = time.monotonic() + timeout_s
+    last, still_since = None, time.monotonic()
+    while True:
+        after = loadgen.scrape(metrics_url)
+        counts, table = server_counts(before, after, task), after.get(STATE_TABLE, 0.0)
+        if (sum(counts.values()) >= n and table == 0) or time.monotonic() > deadline:
+            return after
+        if (counts, table) != last:
+            last, still_since = (counts, table), time.monotonic()
+        elif table == 0 and time.monotonic() - still_since > 3.0:
+            return after
+        time.sleep(0.25)
+
+
+class Monitor(threading.Thread):
+    """Samples the server's resources and readiness every `interval_s`, labelled with the current phase."""
+
+    def __init__(self, server: TritonServer, interval_s: float, gpu: bool):
+        super().__init__(daemon=True)
+        self.server, self.interval_s, self.gpu = server, interval_s, gpu
+        self.phase = "start"
+        self.samples: list[dict] = []
+        self._stop_event = threading.Event()
+
+    def take(self) -> dict:
+        s = resources.sample(self.server.process.pid, lambda: loadgen.scrape(self.server.metrics_url).get(STATE_TABLE, 0.0),
+                             gpu=self.gpu)
+        s.update(phase=self.phase, ready=server_ready(self.server))
+        self.samples.append(s)
+        return s
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval_s):
+            self.take()
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        if self.is_alive():
+            self.join()
+
+
+# ---- load --------------------------------------------------------------------------------
+
+class Workload:
+    """Draws the soak's requests: shapes from the options, kinds (ok, cancel, bad, fault) by share."""
+
+    def __init__(self, args, dep: Deployment):
+        self.args = args
+        self.sizes = loadgen.parse_sizes(args.sizes)
+        self.steps = loadgen.parse_steps(args.steps)
+        self.guidance = [float(g) for g in args.guidance.split(",")]
+        self.bad = bad_variants(dep)
+        self.cancel_delay: tuple[float, float] = (0.05, 0.5)   # replaced after the warm-up
+        self.drawn = Counter()   # bad and fault requests so far: each phase goes on where the last one stopped
+
+    def plain(self, n: int, rate: float, seed: int) -> list[dict]:
+        spec = loadgen.WorkloadSpec(rate=rate, num_requests=n, sizes=self.sizes, steps=self.steps,
+                                    guidance_scales=self.guidance, seed=seed)
+        return [{**e, "kind": "ok"} for e in loadgen.make_trace(spec)]
+
+    def phase(self, rate: float, seconds: float, seed: int) -> list[dict]:
+        """Poisson arrivals at `rate` for about `seconds`, each request marked with its kind.
+
+        Shares are exact, not drawn per request, and at least one bad and one fault-tagged
+        request is in every phase (when their rates are > 0), so that a short or slow phase
+        still covers them; bad variants and fault rules are taken in turn across phases."""
+        a = self.args
+        entries = self.plain(max(2, round(rate * seconds)), rate, seed)
+        rng = random.Random(f"soak-kinds-{seed}")
+        n = len(entries)
+        share = lambda rate: max(1, round(n * rate)) if rate > 0 else 0  # noqa: E731
+        n_bad, n_fault, n_cancel = share(a.bad_rate), share(a.fault_rate), round(n * a.cancel_rate)
+        for j, i in enumerate(rng.sample(range(n), n)):
+            e = entries[i]
+            if j < n_bad:
+                k = self.drawn["bad"]
+                fields, name = self.bad[k % len(self.bad)]
+                e.update(fields, kind="bad", unary=k % 2 == 0)
+                status = r"\[StatusCode\.INVALID_ARGUMENT\] " if e["unary"] else ""   # a stream's error has none
+                e["expect_error"] = rf"^{status}input '{name}'"
+                self.drawn["bad"] += 1
+            elif j < n_bad + n_fault:
+                fault = list(FAULTS)[self.drawn["fault"] % len(FAULTS)]
+                e.update(prompt=f"{e['prompt']} {marker(fault)}", kind=f"fault:{fault}")
+                if FAULTS[fault][1]:
+                    e["expect_error"] = FAULTS[fault][1]
+                self.drawn["fault"] += 1
+            elif j < n_bad + n_fault + n_cancel:
+                e.update(kind="cancel", cancel_after_s=round(rng.uniform(*self.cancel_delay), 3))
+            elif rng.random() < a.unary_share:
+                e["unary"] = True
+        return entries
+
+
+async def closed_loop(url: str, entries: list[dict], concurrency: int, seconds: float, timeout_s: float,
+                      model: str) -> list:
+    """`concurrency` clients, each sending its next request as soon as its last one ended, for `seconds`."""
+    import tritonclient.grpc.aio as aioclient
+
+    client = aioclient.InferenceServerClient(url)
+    records: list = []
+    t0 = time.perf_counter()
+
+    async def one_client() -> None:
+        while time.perf_counter() - t0 < seconds:
+            entry = entries[len(records) % len(entries)]
+            rec = loadgen.Record(len(records), loadgen.shape_key(entry), time.perf_counter() - t0, None)
+            records.append(rec)
+            await loadgen.one_request(client, entry, rec, t0, timeout_s, model)
+
+    try:
+        await asyncio.gather(*(one_client() for _ in range(concurrency)))
+    finally:
+        await client.close()
+    return records
+
+
+# ---- one soak ----------------------------------------------------------------------------
+
+class Soak:
+    """A server, its monitor, and the record of every phase run against it."""
+
+    def __init__(self, args, dep: Deployment, server: TritonServer, monitor: Monitor):
+        self.args, self.dep, self.server, self.monitor = args, dep, server, monitor
+        self.task = dep.task
+        self.model = f"{self.task}_stream"
+        self.workload = Workload(args, dep)
+        self.phases: list[dict] = []
+        self.idle: list[dict] = []          # a sample after each drain: the server at rest
+        self.saturation: dict = {}
+
+    def _log(self, msg: str) -> None:
+        print(f"[soak +{time.monotonic() - self.monitor.samples[0]['t']:.0f}s] {msg}", file=sys.stderr, flush=True)
+
+    def run_phase(self, name: str, entries: list[dict], send) -> dict:
+        """Send `entries` with `send(entries) -> records`, drain, and check every request's ending."""
+        self.monitor.phase = name
+        before = loadgen.scrape(self.server.metrics_url)
+        t_start = time.monotonic()
+        records = send(entries)
+        t_sent = time.monotonic()
+        entries = [entries[r.index % len(entries)] for r in records]   # a closed loop cycles through them
+        after = settle(self.server.metrics_url, before, len(records), self.task, self.args.settle_timeout)
+        t_end = time.monotonic()
+        idle = self.monitor.take()
+        self.idle.append({**idle, "after": name})
+        phase = self._check(name, entries, records, before, after)
+        phase.update(t_start=t_start, t_end=t_end, settle_s=round(t_end - t_sent, 1), wall_s=round(t_end - t_start, 1))
+        self.phases.append(phase)
+        self._log(f"{name}: {phase['requests']} requests, {phase['outcomes_by_kind']}; problems {len(phase['problems'])}")
+        return phase
+
+    def _check(self, name: str, entries: list[dict], records: list, before: dict, after: dict) -> dict:
+        problems = []
+        by_kind: dict[str, Counter] = {}
+        for e, r in zip(entries, records):
+            kind = e["kind"].split(":")[0]
+            by_kind.setdefault(e["kind"], Counter())[r.outcome] += 1
+            problem = loadgen.outcome_problem(r)
+            if problem:
+                problems.append(f"{name} request {r.index} ({e['kind']}, {r.shape}{', unary' if e.get('unary') else ''}): "
+                                f"{problem}")
+            if kind != "bad" and r.outcome == "completed" and r.image_shape != (e["height"], e["width"], 3):
+                problems.append(f"{name} request {r.index}: image shape {r.image_shape}")
+        ends = [r.end_s for r in records if r.end_s is not None]
+        sends = [r.send_s for r in records if r.send_s is not None]
+        duration = max(ends) - min(sends) if ends and sends else 0.0
+        summary = loadgen.summarize(entries, records, duration, {}, 0.0)
+        # Server side: at most one terminal per request; every completion the client saw was
+        # counted; a cancel may still complete there (it crossed the final response) or be
+        # dropped unseen in Triton's queue; failures only where the client saw one.
+        srv = server_counts(before, after, self.task)
+        cancels = sum(1 for r in records if r.cancel_sent)
+        client = Counter(r.outcome for r in records)
+        checks = {
+            "server terminals <= requests": sum(srv.values()) <= len(records),
+            "client completed <= server completed <= client completed + cancels sent":
+                client["completed"] <= srv["completed"] <= client["completed"] + cancels,
+            "server failed == client failed": srv["failed"] == client["failed"],
+            "server cancelled <= cancels sent": srv["cancelled"] <= cancels,
+        }
+        problems += [f"{name}: server counts {srv} vs client {dict(client)}: not {check}"
+                     for check, ok in checks.items() if not ok]
+        table = after.get(STATE_TABLE, 0.0)
+        if table != 0:
+            problems.append(f"{name}: the state table still holds {table:.0f} states after the drain "
+                            f"(waited up to {self.args.settle_timeout:g} s)")
+        keys = ("offered_request_rate", "request_throughput", "completed_requests", "cancelled_requests",
+                "failed_requests", "lost", "duplicated", "unexpected_outcomes", "expected_failures",
+                "cancels_requested", "cancels_too_late", "p50_e2el_ms", "p99_e2el_ms", "p50_ttfs_ms", "p99_ttfs_ms",
+                "duration")
+        return {"name": name, "requests": len(records), "kinds": dict(Counter(e["kind"] for e in entries)),
+                "outcomes_by_kind": {k: dict(v) for k, v in sorted(by_kind.items())},
+                **{k: summary[k] for k in keys}, "server_counts": srv, "server_checks": checks,
+                "cancels_sent": cancels, "cancels_crossing_the_image": cancels - client["cancelled"],
+                "state_table_after_drain": table, "problems": problems}
+
+    # -- the steps of a run
+
+    def warm_up(self) -> None:
+        """Two rounds of `capacity` concurrent requests; the second sets the default cancel delay."""
+        cap = self.dep.engine.capacity
+        for k in (1, 2):
+            entries = self.workload.plain(cap, 1.0, seed=-k)
+            phase = self.run_phase(f"warm-up {k}", [{**e, "t": 0.0} for e in entries], self._open_loop)
+        if self.args.cancel_delay == "auto":
+            latency_s = (phase["p50_e2el_ms"] or 1000.0) / 1000.0
+            self.workload.cancel_delay = (round(0.1 * latency_s, 3), round(0.9 * latency_s, 3))
+        else:
+            self.workload.cancel_delay = loadgen.parse_range(self.args.cancel_delay)
+        self._log(f"cancel delay {self.workload.cancel_delay} s after sending")
+
+    def measure_saturation(self) -> float:
+        a = self.args
+        if a.saturation_rps:
+            self.saturation = {"rps": a.saturation_rps, "source": "given (--saturation-rps)"}
+            return a.saturation_rps
+        conc = a.saturation_concurrency or 2 * self.dep.engine.capacity
+        entries = [{**e, "t": 0.0} for e in self.workload.plain(max(64, conc * 8), 1.0, seed=-3)]
+
+        def send(entries: list[dict]) -> list:
+            return asyncio.run(closed_loop(self.server.grpc_url, entries, conc, a.saturation_seconds,
+                                           a.request_timeout, self.model))
+
+        phase = self.run_phase("saturation", entries, send)
+        rps = phase["request_throughput"]
+        if not rps:
+            raise RuntimeError(f"saturation burst completed nothing: {phase['problems'][:3]}")
+        self.saturation = {"rps": rps, "source": f"measured: closed loop, {conc} concurrent streams for "
+                                                 f"{a.saturation_seconds:g} s, {phase['completed_requests']} completed"}
+        return rps
+
+    def _open_loop(self, entries: list[dict]) -> list:
+        records, _ = asyncio.run(loadgen.run_entries(self.server.grpc_url, entries, None, self.args.request_timeout,
+                                                     model=self.model))
+        return records
+
+    def run(self) -> None:
+        self.warm_up()
+        rps = self.measure_saturation()
+        self._log(f"saturation {rps:.3f} req/s ({self.saturation['source']})")
+        for k, fraction in enumerate(self.args.fractions):
+            rate = fraction * rps
+            entries = self.workload.phase(rate, self.args.phase_seconds, seed=self.args.seed * 1000 + k)
+            self._log(f"phase {k + 1}: {fraction:g} x saturation, {len(entries)} requests at {rate:.3f} req/s")
+            phase = self.run_phase(f"phase {k + 1} ({fraction:g}x)", entries, self._open_loop)
+            phase.update(fraction=fraction, target_rps=round(rate, 4))
+            if phase["lost"]:
+                self._log(f"lost requests: stacks of {len(self.server.dump_stacks())} stubs -> server.log")
+                time.sleep(2)
+
+
+# ---- analysis and write-up -----------------------------------------------------------------
+
+def after_warmup(samples: list[dict], t0: float, t1: float, share: float) -> list[dict]:
+    """The samples in [t0, t1] after the first `share` of that span."""
+    cut = t0 + share * (t1 - t0)
+    return [s for s in samples if cut <= s["t"] <= t1]
+
+
+def analyse(soak: Soak, problems: list[str]) -> dict:
+    """Resource trends per phase, overall (the fraction phases) and at idle; adds problems it finds."""
+    samples, share = soak.monitor.samples, soak.args.warmup_share
+    per_phase = {p["name"]: resources.trend(after_warmup(samples, p["t_start"], p["t_end"], share))
+                 for p in soak.phases}
+    measured = [p for p in soak.phases if "fraction" in p]
+    overall = (resources.trend(after_warmup(samples, measured[0]["t_start"], measured[-1]["t_end"], share))
+               if measured else None)
+    # soak.idle[i] was taken after soak.phases[i]; start from the drain just before the first fraction phase.
+    idle = resources.trend(soak.idle[soak.phases.index(measured[0]) - 1:]) if measured else None
+    start = samples[0]["t"]
+    not_ready = [round(s["t"] - start, 1) for s in samples if not s["ready"]]
+    if not_ready:
+        problems.append(f"server not ready in {len(not_ready)} samples (at {not_ready[:10]} s)")
+    counts = sorted({s["processes"] for s in samples})
+    if len(counts) > 1:
+        gone = sorted(set(samples[0]["by_process"]) - set(samples[-1]["by_process"]))
+        problems.append(f"server process count changed during the run: {counts}; gone at the end: {gone} "
+                        "(a stub that died stays dead: Triton neither restarts it nor reports it unready)")
+    if samples[-1]["state_table"] not in (0, 0.0):
+        problems.append(f"state table {samples[-1]['state_table']} at the end of the run")
+    growth = {}
+    if overall and measured:
+        span = after_warmup(samples, measured[0]["t_start"], measured[-1]["t_end"], share)
+        first, last = span[0]["by_process"], span[-1]["by_process"]
+        growth = dict(sorted(((n, round(last.get(n, 0.0) - mb, 1)) for n, mb in first.items()), key=lambda kv: -kv[1]))
+    return {"per_phase": per_phase, "overall": overall, "idle": idle, "rss_growth_by_process_mb": growth,
+            "not_ready_samples": len(not_ready), "process_counts": counts}
+
+
+def server_log_errors(path: Path) -> list[str]:
+    """Error lines of the server log, without the ones the injected faults and bad requests cause."""
+    if not path.exists():
+        return []
+    expected = re.compile(r"InjectedFault|injected fault|#soak-|non-finite|input '|CudaDriverHelper|NVML|DCGM|pinned memory")
+    lines = path.read_text(errors="replace").splitlines()
+    return [ln for ln in lines if (re.match(r"^E\d{4} ", ln) or "Traceback" in ln) and not expected.search(ln)]
+
+
+def _f(v, digits: int = 1) -> str:
+    if v is None:
+        return "n/a"
+    return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
+
+
+def write_report(soak: Soak | None, args, command: str, info: dict, deployment_text: str, problems: list[str],
+                 analysis: dict | None, interrupted: str | None, wall_s: float, out: Path) -> tuple[Path, Path]:
+    phases = soak.phases if soak else []
+    ok = not problems and not interrupted and bool(phases)
+    t0 = soak.monitor.samples[0]["t"] if soak and soak.monitor.samples else 0.0
+    rel = lambda s: {**{k: v for k, v in s.items() if k != "t"}, "t_s": round(s["t"] - t0, 2)}  # noqa: E731
+    payload = {
+        "ok": ok, "problems": problems, "interrupted": interrupted, "command": command, "machine": info,
+        "wall_s": round(wall_s, 1), "deployment": args.deployment, "deployment_with_faults": deployment_text,
+        "faults": {name: {"rule": rule, "marker": marker(name), "expect_error": exp} for name, (rule, exp) in FAULTS.items()},
+        "workload": {"sizes": args.sizes, "steps": args.steps, "guidance": args.guidance, "phases": args.phases,
+                     "phase_seconds": args.phase_seconds, "cancel_rate": args.cancel_rate, "bad_rate": args.bad_rate,
+                     "fault_rate": args.fault_rate, "unary_share": args.unary_share, "seed": args.seed,
+                     "cancel_delay_s": soak.workload.cancel_delay if soak else None,
+                     "request_timeout_s": args.request_timeout, "sample_interval_s": args.sample_interval,
+                     "warmup_share": args.warmup_share},
+        "saturation": soak.saturation if soak else {},
+        "phases": [{**{k: v for k, v in p.items() if k not in ("t_start", "t_end")},
+                    "t_start_s": round(p["t_start"] - t0, 1), "t_end_s": round(p["t_end"] - t0, 1)} for p in phases],
+        "resources": analysis,
+        "idle_samples": [rel(s) for s in soak.idle] if soak else [],
+        "samples": [rel(s) for s in soak.monitor.samples] if soak else [],
+        "server_log_errors": server_log_errors(out / "server.log")[:50],
+    }
+    json_path = out / "soak.json"
+    json_path.write_text(json.dumps(payload, indent=2) + "\n")
+
+    rows = []
+    for p in phases:
+        rows.append(f"| {p['name']} | {_f(p.get('target_rps'), 3)} | {_f(p['offered_request_rate'], 3)} | "
+                    f"{_f(p['request_throughput'], 3)} | {p['requests']} | {p['completed_requests']} / "
+                    f"{p['cancelled_requests']} / {p['failed_requests']} | {p['lost']} / {p['duplicated']} / "
+                    f"{p['unexpected_outcomes']} | {_f(p['p50_e2el_ms'], 0)} / {_f(p['p99_e2el_ms'], 0)} | "
+                    f"{p['server_counts']['completed']} / {p['server_counts']['cancelled']} / "
+                    f"{p['server_counts']['failed']} | {_f(p['state_table_after_drain'], 0)} | {p['wall_s']} |")
+    kinds = Counter()
+    for p in phases:
+        if "fraction" in p:
+            kinds.update(p["kinds"])
+    trend_rows = []
+    figures = (("rss_mb", "RSS MB"), ("gpu_mb", "GPU MiB"), ("fds", "fds"), ("shm_mb", "/dev/shm MB"),
+               ("state_table", "state table"))
+    if analysis:
+        spans = [(name, t) for name, t in analysis["per_phase"].items()]
+        spans += [("**overall** (fraction phases)", analysis["overall"]), ("**idle** (after each drain)", analysis["idle"])]
+        for name, t in spans:
+            if not t or not t["rss_mb"] or t["rss_mb"]["slope_per_min"] is None:
+                continue   # a span too short for a slope (the warm-ups)
+            cells = []
+            for key, _ in figures:
+                fig = (t or {}).get(key)
+                cells.append("n/a" if not fig else f"{_f(fig['slope_per_min'], 2)} ({_f(fig['first'])} → {_f(fig['last'])})")
+            trend_rows.append(f"| {name} | " + " | ".join(cells) + " |")
+    by_kind = "\n".join(f"| {p['name']} | " + "; ".join(f"{k}: {v}" for k, v in p["outcomes_by_kind"].items()) + " |"
+                        for p in phases)
+    fault_lines = "\n".join(f"- `{marker(n)}`: `{_toml_inline(r)}` → "
+                            f"{f'one error matching `{e}`' if e else 'must still complete'}" for n, (r, e) in FAULTS.items())
+    log_errors = payload["server_log_errors"]
+    total = lambda key: sum(p[key] for p in phases)  # noqa: E731
+    verdict = (f"**{'PASS' if ok else 'FAIL'}**{f' ({interrupted})' if interrupted else ''}: {total('requests')} "
+               f"requests in {len(phases)} phases; lost {total('lost')}, duplicated {total('duplicated')}, wrong "
+               f"outcome {total('unexpected_outcomes')}; server not ready in "
+               f"{analysis['not_ready_samples'] if analysis else 'n/a'} samples; state table after the last drain "
+               f"{_f(phases[-1]['state_table_after_drain'], 0) if phases else 'n/a'}.")
+    workload = (f"Deployment `{args.deployment}` + the fault rules below; sizes `{args.sizes}`, steps `{args.steps}`, "
+                f"guidance `{args.guidance}`; phases {args.phases} x saturation, {args.phase_seconds:g} s of Poisson "
+                f"arrivals each, then a drain. Requests of the fraction phases by kind: {dict(sorted(kinds.items()))}. "
+                f"Shares: cancel {args.cancel_rate}, bad {args.bad_rate} (half unary: must be `INVALID_ARGUMENT` naming "
+                f"the input; half streamed: must name the input), fault {args.fault_rate}; {args.unary_share:.0%} of "
+                f"the other requests unary (`{soak.task if soak else 'txt2img'}`), the rest streamed. Cancel delay "
+                f"{soak.workload.cancel_delay if soak else 'n/a'} s after sending (uniform).")
+    md = f"""# Soak: {Path(args.deployment).name} — {dt.date.today().isoformat()} ({machine_label(info)})
+
+## Verdict
+{verdict}
+{chr(10).join(f'- {p}' for p in problems[:30])}
+
+## Reproduce
+{fence(command, 'bash')}
+Wall time {wall_s:.0f} s. Saturation: {_f((soak.saturation if soak else {}).get('rps'), 3)} req/s
+({(soak.saturation if soak else {}).get('source', 'n/a')}).
+
+## Machine
+- uname: {info['uname']}
+- nproc: {info['nproc']}; CPU: {info['cpu']}; GPU: {info['gpu']}
+- Python {info['python']}; torch {info['torch']}; diffusers {info['diffusers']}; transformers {info['transformers']};
+  tritonclient {info['tritonclient']}; server {info['tritonserver']}
+- git {info['git']}; load average at write-up: {info['load_average']}
+
+## Workload
+{workload}
+
+Fault rules (fire only on prompts carrying the marker):
+{fault_lines}
+
+## Phases
+| phase | target req/s | offered req/s | achieved req/s | requests | completed / cancelled / failed (client) | lost / duplicated / wrong outcome | e2el p50 / p99 ms | server completed / cancelled / failed | state table after drain | wall s (arrivals + drain) |
+|---|---|---|---|---|---|---|---|---|---|---|
+{chr(10).join(rows)}
+
+Outcomes by kind:
+
+| phase | kind: outcomes |
+|---|---|
+{by_kind}
+
+## Resources: slope per minute (first → last), after the first {args.warmup_share:.0%} of each span
+RSS = tritonserver + all stubs (shared pages once per process); GPU = nvidia-smi `memory.used`, whole
+device; fds = open file descriptors of those processes; /dev/shm = bytes of the files they map;
+state table = `ditserve_state_table_size` of dit. Idle = one sample after each drain, from the end of the
+saturation burst (warm-up when saturation was given) on: the leak indicator least affected by load.
+
+| span | {' | '.join(label for _, label in figures)} |
+|---|{'---|' * len(figures)}
+{chr(10).join(trend_rows)}
+
+RSS growth per process over the fraction phases after warm-up (MB):
+{json.dumps(analysis['rss_growth_by_process_mb']) if analysis else 'n/a'}
+
+## Server log
+{len(log_errors)} error lines other than those of the injected faults and bad requests{':' if log_errors else '.'}
+{fence(chr(10).join(log_errors[:20])) if log_errors else ''}
+
+Raw numbers (every sample, every phase): the JSON file of the same name beside this one.
+"""
+    md_path = out / "soak.md"
+    md_path.write_text(md)
+    return md_path, json_path
+
+
+def record_shutdown(out: Path, stop_s: float) -> dict:
+    """Add how the server stopped to the report (written before: stopping can take the exit timeout)."""
+    log = (out / "server.log").read_text(errors="replace")
+    tail = log[log.rfind("Signal (2) received."):] if "Signal (2) received." in log else ""
+    shutdown = {"stop_s": round(stop_s, 1), "stub_segfaults": tail.count("Fatal Python error: Segmentation fault"),
+                "exit_timeout_expired": "Exit timeout expired" in tail}
+    payload = json.loads((out / "soak.json").read_text())
+    (out / "soak.json").write_text(json.dumps({**payload, "shutdown": shutdown}, indent=2) + "\n")
+    with (out / "soak.md").open("a") as md:
+        md.write(f"\n## Shutdown (after the report; not part of the verdict)\nStopped {stop_s:.0f} s after SIGINT; "
+                 f"stub segfaults while unloading: {shutdown['stub_segfaults']}; Triton's exit timeout expired: "
+                 f"{shutdown['exit_timeout_expired']}.\n")
+    return shutdown
+
+
+# ---- command line ------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="perf/soak.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--deployment", default="configs/tiny-pixart-sigma.toml", help="deployment TOML (an image family); "
+                   "must have no [faults] section (default configs/tiny-pixart-sigma.toml)")
+    p.add_argument("--out", required=True, help="folder for soak.json, soak.md, deployment.toml, server.log")
+    load = p.add_argument_group("load")
+    load.add_argument("--saturation-rps", type=float, default=None, help="saturation in req/s; measured when unset")
+    load.add_argument("--saturation-seconds", type=float, default=30.0, help="length of the closed-loop burst (default 30)")
+    load.add_argument("--saturation-concurrency", type=int, default=None,
+                      help="clients of the burst (default 2 x the deployment's [engine] capacity)")
+    load.add_argument("--phases", default="0.5,0.9,1.3", help="fractions of saturation, one Poisson phase each "
+                                                             "(default 0.5,0.9,1.3)")
+    load.add_argument("--phase-seconds", type=float, default=120.0, help="arrivals per phase, s (default 120)")
+    load.add_argument("--sizes", default=None, help="'64,96' square or 'HxW,...' (default: the deployment's [defaults])")
+    load.add_argument("--steps", default=None, help="'10,20' or '2-12' (default: the deployment's [defaults])")
+    load.add_argument("--guidance", default=None, help="comma-separated guidance scales (default: the deployment's)")
+    load.add_argument("--cancel-rate", type=float, default=0.05, help="share cancelled by the client (default 0.05)")
+    load.add_argument("--cancel-delay", default="auto", help="A:B seconds after sending; auto = 0.1-0.9 x the warm-up's "
+                                                              "median latency (default auto)")
+    load.add_argument("--bad-rate", type=float, default=0.02, help="share of invalid requests (default 0.02)")
+    load.add_argument("--fault-rate", type=float, default=0.01, help="share of fault-tagged requests (default 0.01)")
+    load.add_argument("--unary-share", type=float, default=0.2,
+                      help="share of the good requests sent to the non-streaming model (default 0.2)")
+    load.add_argument("--seed", type=int, default=0)
+    load.add_argument("--request-timeout", type=float, default=300.0,
+                      help="a request without a terminal response by then is lost, s (default 300)")
+    meas = p.add_argument_group("measurement")
+    meas.add_argument("--sample-interval", type=float, default=2.0, help="resource sampling period, s (default 2)")
+    meas.add_argument("--warmup-share", type=float, default=0.25,
+                      help="share of each span left out of the slopes (default 0.25)")
+    meas.add_argument("--settle-timeout", type=float, default=60.0,
+                      help="after a phase, wait this long at most for the server to count every request and empty "
+                           "its state table, s (default 60)")
+    meas.add_argument("--server-timeout", type=float, default=600.0, help="readiness wait, s (default 600)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    command = " ".join(shlex.quote(a) for a in ["python", "perf/soak.py", *argv])
+    base = Path(args.deployment)
+    base = base if base.is_absolute() or base.exists() else ROOT / base
+    args.fractions = [float(f) for f in args.phases.split(",") if f.strip()]
+    if args.bad_rate + args.fault_rate + args.cancel_rate >= 1:
+        raise SystemExit("--bad-rate + --fault-rate + --cancel-rate must stay below 1")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    dep = write_fault_deployment(base, out / "deployment.toml")
+    if dep.is_video:
+        raise SystemExit(f"{base}: soak drives image deployments (loadgen reads the `image` output)")
+    args.sizes = args.sizes or f"{dep.defaults.height}x{dep.defaults.width}"
+    args.steps = args.steps or str(dep.defaults.num_inference_steps)
+    args.guidance = args.guidance or str(dep.defaults.guidance_scale)
+
+    def _interrupt(signum, _frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
+
+    t_wall = time.monotonic()
+    soak, problems, interrupted, analysis, version = None, [], None, None, None
+    try:
+        resources.gpu_memory_mb()
+        gpu = True
+    except RuntimeError:
+        gpu = False
+    with tempfile.TemporaryDirectory(prefix="soak.") as work:
+        repo = Path(work) / "repository"
+        render_repository(out / "deployment.toml", repo)
+        http, grpc_port, metrics = free_ports(3)
+        server = TritonServer(ServerOptions(model_repository=repo, http_port=http, grpc_port=grpc_port,
+                                            metrics_port=metrics, deployment=str(out / "deployment.toml")),
+                              log_path=out / "server.log")
+        print(f"[soak] starting tritonserver on {repo} (log {server.log_path})", file=sys.stderr, flush=True)
+        server.start()
+        monitor = None
+        try:
+            server.wait_ready(timeout_s=args.server_timeout)
+            version = server_version(server.grpc_url)
+            monitor = Monitor(server, args.sample_interval, gpu)
+            monitor.take()
+            monitor.start()
+            soak = Soak(args, dep, server, monitor)
+            soak.run()
+        except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, a caller's `timeout`: keep what finished
+            interrupted = f"interrupted ({exc or 'SIGINT'})"
+            print(f"[soak] {interrupted}: stacks of {len(server.dump_stacks())} stubs -> server.log", file=sys.stderr)
+            time.sleep(2)
+        except Exception as exc:  # noqa: BLE001 - a failing run still writes its report
+            traceback.print_exc()
+            problems.append(f"the soak stopped: {type(exc).__name__}: {exc}")
+        finally:
+            if monitor is not None:
+                monitor.stop()
+            if soak is not None:
+                problems[:0] = [p for phase in soak.phases for p in phase["problems"]]
+                analysis = analyse(soak, problems)
+            # The report before the server stops: stopping can take its exit timeout (60 s, longer
+            # than a caller's `timeout --kill-after` may allow) when a stub has died.
+            md, js = write_report(soak, args, command, machine_info(version), (out / "deployment.toml").read_text(),
+                                  problems, analysis, interrupted, time.monotonic() - t_wall, out)
+            print(f"[soak] {'PASS' if not problems and not interrupted else 'FAIL'}: wrote {md} and {js.name}; "
+                  "stopping the server", file=sys.stderr, flush=True)
+            t_stop = time.monotonic()
+            server.stop()
+            print(f"[soak] shutdown: {record_shutdown(out, time.monotonic() - t_stop)}", file=sys.stderr)
+    for problem in problems[:20]:
+        print(f"[soak]   {problem}", file=sys.stderr)
+    return 130 if interrupted else (1 if problems or soak is None else 0)
+
+if __name__ == "__main__":
+    sys.exit(main())
