@@ -3,6 +3,7 @@
 
     python scripts/generate.py "a red cat on a sofa" --seed 1 --output cat.png
     python scripts/generate.py "waves at dusk" --task txt2vid --frames 17 --output waves.mp4
+    python scripts/generate.py "the cat turns its head" --task img2vid --image cat.png --output cat.mp4
 
 Images are written as PNG. Videos are written as the server's MP4 (H.264) when --output
 ends in .mp4, else as the raw uint8 frames [F, H, W, 3] in a .npy file.
@@ -29,8 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("prompt")
     p.add_argument("--task", choices=sorted(MEDIA_OUTPUT), default="txt2img",
                    help="what the server's deployment makes (default: %(default)s)")
-    p.add_argument("--frames", type=int, dest="num_frames", help="txt2vid: number of frames (4k+1)")
-    p.add_argument("--fps", type=int, help="txt2vid: frame rate of the MP4")
+    p.add_argument("--frames", type=int, dest="num_frames", help="txt2vid/img2vid: number of frames (4k+1)")
+    p.add_argument("--fps", type=int, help="txt2vid/img2vid: frame rate of the MP4")
+    p.add_argument("--image", type=Path, help="img2vid: the conditioning image (any format PIL reads)")
     p.add_argument("--negative-prompt")
     p.add_argument("--height", type=int)
     p.add_argument("--width", type=int)
@@ -48,14 +50,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before giving up")
     args = p.parse_args(argv)
 
-    video = args.task == "txt2vid"
+    video = args.task != "txt2img"
     out = Path(args.output or ("outputs/video.mp4" if video else "outputs/image.png"))
     if not video and (args.num_frames or args.fps):
-        p.error("--frames and --fps are for --task txt2vid")
+        p.error("--frames and --fps are for video tasks (--task txt2vid or img2vid)")
+    if (args.task == "img2vid") != (args.image is not None):
+        p.error("--image is needed by --task img2vid, and only by it")
+    image = np.asarray(Image.open(args.image).convert("RGB")) if args.image else None
     url = args.url or ("127.0.0.1:8000" if args.protocol == "http" else "127.0.0.1:8001")
     request = GenerationRequest(args.prompt, args.negative_prompt, args.height, args.width,
                                 args.num_inference_steps, args.guidance_scale, args.seed, args.num_frames, args.fps,
-                                "mp4" if video and out.suffix == ".mp4" else None)
+                                "mp4" if video and out.suffix == ".mp4" else None, image)
     bar = tqdm(desc="denoising", unit="step", disable=args.protocol != "grpc-stream")
 
     def on_progress(done: int, total: int) -> None:

@@ -33,11 +33,20 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "backends"))
-from ditserve.deployment import DEFAULT_DEPLOYMENT, REPO_ROOT, Deployment, load_deployment  # noqa: E402
+from ditserve.deployment import DEFAULT_DEPLOYMENT, REPO_ROOT, TASK_CONDITIONING, Deployment, load_deployment  # noqa: E402
 
 PUBLIC_STAGE = 'parameters { key: "stage" value: { string_value: "generate" } }'
 # Stages that load weights onto a device: one instance per GPU with --gpus.
-DEVICE_STAGES = ("text_encoder", "dit", "vae_decode")
+DEVICE_STAGES = ("text_encoder", "vae_encode", "dit", "vae_decode")
+# Image-conditioned tasks (img2vid) add this model; the committed (text-to-image) repository has none.
+VAE_ENCODE_CONFIG = """\
+# Image conditioning (img2vid): input image -> the task's conditioning tensors for dit
+# (CLIP image embeddings, first-frame VAE condition). Inputs/outputs come from the backend.
+backend: "diffusion"
+max_batch_size: 0
+instance_group [{ count: 1, kind: KIND_CPU }]  # the deployment's [model] device places the weights
+parameters { key: "stage" value: { string_value: "vae_encode" } }
+"""
 
 
 def gpu_instance_group(gpus: int) -> str:
@@ -74,6 +83,12 @@ def render(template: Path, out: Path, deployment: Deployment, gpus: int = 0) -> 
         name = deployment.task + ("_stream" if model.name.endswith("_stream") else "")
         if model.name != name:
             model.rename(model.with_name(name))
+    vae_encode = out / "vae_encode"
+    if deployment.task in TASK_CONDITIONING:
+        (vae_encode / "1").mkdir(parents=True, exist_ok=True)
+        (vae_encode / "config.pbtxt").write_text(VAE_ENCODE_CONFIG)
+    else:
+        shutil.rmtree(vae_encode, ignore_errors=True)
     reference = deployment_reference(deployment)
     for config in sorted(out.glob("*/config.pbtxt")):
         text = re.sub(r'^parameters \{ key: "deployment".*\n', "", config.read_text(), flags=re.M)
@@ -83,6 +98,8 @@ def render(template: Path, out: Path, deployment: Deployment, gpus: int = 0) -> 
     if gpus > 0:
         for model in DEVICE_STAGES:
             config = out / model / "config.pbtxt"
+            if not config.exists():  # vae_encode: image-conditioned tasks only
+                continue
             text, n = re.subn(r"^instance_group \[.*\].*$", gpu_instance_group(gpus), config.read_text(), flags=re.M)
             if n != 1:
                 raise ValueError(f"{config}: expected one single-line instance_group, found {n}")

@@ -18,6 +18,8 @@ from ditserve.launcher import ServerOptions, TritonServer, free_ports  # noqa: E
 TINY_PIXART = ROOT / "models" / "tiny-pixart-sigma"
 TINY_WAN = ROOT / "models" / "tiny-wan-t2v"
 WAN_DEPLOYMENT = ROOT / "configs" / "tiny-wan-t2v.toml"
+TINY_WAN_I2V = ROOT / "models" / "tiny-wan-i2v"
+I2V_DEPLOYMENT = ROOT / "configs" / "tiny-wan-i2v.toml"
 
 
 
@@ -49,14 +51,27 @@ def render_repository(deployment: Path, out: Path) -> Path:
     return out
 
 
+def rendered_server(tmp_path_factory, deployment: Path, model: Path, name: str):
+    """A real server on the repository rendered for `deployment` (a tiny pipeline at `model`)."""
+    if not model.exists():
+        pytest.fail(f"{model} is missing: run `bash scripts/setup.sh` (it builds the tiny pipelines)")
+    tmp = tmp_path_factory.mktemp(name)
+    repo = render_repository(deployment, tmp / "repo")
+    return start_server(tmp, name, model_repository=repo, deployment=str(deployment))
+
+
 @pytest.fixture(scope="session")
 def wan_server(tmp_path_factory):
-    """A second real server, on the repository rendered for the tiny Wan2.1 T2V deployment."""
-    if not TINY_WAN.exists():
-        pytest.fail(f"{TINY_WAN} is missing: run `bash scripts/setup.sh` (it builds the tiny pipelines)")
-    tmp = tmp_path_factory.mktemp("triton-wan")
-    repo = render_repository(WAN_DEPLOYMENT, tmp / "repo")
-    srv = start_server(tmp, "wan-server", model_repository=repo, deployment=str(WAN_DEPLOYMENT))
+    """A second real server, for the tiny Wan2.1 T2V deployment (txt2vid / txt2vid_stream)."""
+    srv = rendered_server(tmp_path_factory, WAN_DEPLOYMENT, TINY_WAN, "wan-server")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def i2v_server(tmp_path_factory):
+    """A third real server, for the tiny Wan2.1 I2V deployment (img2vid / img2vid_stream, vae_encode)."""
+    srv = rendered_server(tmp_path_factory, I2V_DEPLOYMENT, TINY_WAN_I2V, "i2v-server")
     yield srv
     srv.stop()
 

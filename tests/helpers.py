@@ -126,3 +126,19 @@ def wait_for_metric(metrics_url: str, name: str, model: str, expected: float, ti
         if value == expected or time.monotonic() > deadline:
             return value
         time.sleep(0.2)
+
+
+def cancel_mid_denoise(server, request: GenerationRequest, task: str, after_steps: int = 3) -> None:
+    """Stream `request`, cancel it after `after_steps` progress responses, and check the
+    contract: one cancelled count on `<task>_stream`, the state table back to 0, no decode."""
+    before = scrape(server.metrics_url)
+    call = StreamCall(server.grpc_url, request, task=task).start()
+    call.wait_progress(after_steps)
+    call.cancel()
+    name, model = "ditserve_requests_cancelled_total", f"{task}_stream"
+    expected = before.get((name, model), 0) + 1
+    assert wait_for_metric(server.metrics_url, name, model, expected) == expected
+    assert wait_for_metric(server.metrics_url, "ditserve_state_table_size", "dit", 0.0) == 0.0
+    time.sleep(0.5)  # a late, wrong decode would show up by now
+    decodes = ("nv_inference_count", "vae_decode")
+    assert scrape(server.metrics_url).get(decodes, 0) == before.get(decodes, 0), "no decode after an abort"

@@ -47,3 +47,17 @@ def test_gpu_instances_load_onto_their_own_device():
 
     assert instance_device({"model_instance_kind": "GPU", "model_instance_device_id": "1"}) == "cuda:1"
     assert instance_device({"model_instance_kind": "CPU", "model_instance_device_id": "0"}) is None
+
+
+def test_render_names_public_models_for_the_task_and_adds_vae_encode_for_img2vid(tmp_path):
+    for deployment, task, vae_encode in (("configs/tiny-wan-t2v.toml", "txt2vid", False),
+                                         ("configs/tiny-wan-i2v.toml", "img2vid", True)):
+        out = tmp_path / task
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "render_repository.py"), "--deployment", deployment,
+                        "--gpus", "2", "--out", str(out)], check=True)
+        assert sorted(p.name for p in out.iterdir()) == sorted(
+            ["dit", "text_encoder", "vae_decode", task, f"{task}_stream"] + (["vae_encode"] if vae_encode else []))
+        for config in out.glob("*/config.pbtxt"):
+            assert f'string_value: "{deployment}"' in config.read_text(), config   # serves its deployment
+        if vae_encode:
+            assert "KIND_GPU, gpus: [1]" in (out / "vae_encode" / "config.pbtxt").read_text()

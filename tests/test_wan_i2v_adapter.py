@@ -26,18 +26,13 @@ from ditserve.adapters.wan_i2v import CONDITION, IMAGE_EMBEDS
 from ditserve.deployment import load_deployment
 from ditserve.schema import GenerationParams
 from ditserve.state import RequestState, TextConditioning
-from wan_helpers import assert_close, run_steps, video_params
+from wan_helpers import assert_close, conditioning_image, run_steps, video_params
 
 DEP = load_deployment("configs/tiny-wan-i2v.toml")
 
 
 def _image(seed: int, height: int = 40, width: int = 56) -> torch.Tensor:
-    """uint8 [H, W, 3]: gradients, a block and noise, of another size than the video (so it is resized)."""
-    y, x = np.mgrid[0:height, 0:width]
-    pixels = np.stack([x * 255 // (width - 1), y * 255 // (height - 1), (x + y) * 127 // (height + width)], -1)
-    pixels[height // 4:height // 2, width // 4:width // 2] = (250, 20, 60)
-    noise = np.random.default_rng(seed).integers(-30, 30, pixels.shape)
-    return torch.from_numpy(np.clip(pixels + noise, 0, 255).astype(np.uint8))
+    return torch.from_numpy(conditioning_image(seed, height, width))
 
 
 @pytest.fixture(scope="module")

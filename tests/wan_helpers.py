@@ -35,3 +35,12 @@ def assert_close(ours: np.ndarray, expected: np.ndarray) -> None:
     assert ours.dtype == np.uint8 and ours.shape == expected.shape
     diff = np.abs(ours.astype(int) - expected.astype(int))
     assert diff.max() <= TOLERANCE, f"max diff {diff.max()}, mean {diff.mean():.5f}"
+
+
+def conditioning_image(seed: int, height: int = 40, width: int = 56) -> np.ndarray:
+    """uint8 [H, W, 3]: gradients, a block and noise, of another size than the video (so it is resized)."""
+    y, x = np.mgrid[0:height, 0:width]
+    pixels = np.stack([x * 255 // (width - 1), y * 255 // (height - 1), (x + y) * 127 // (height + width)], -1)
+    pixels[height // 4:height // 2, width // 4:width // 2] = (250, 20, 60)
+    noise = np.random.default_rng(seed).integers(-30, 30, pixels.shape)
+    return np.clip(pixels + noise, 0, 255).astype(np.uint8)

@@ -26,13 +26,14 @@ import numpy as np
 from .shm import OutputRegionPool
 
 PROTOCOLS = ("grpc-stream", "grpc", "http")
-MEDIA_OUTPUT = {"txt2img": "image", "txt2vid": "video"}
+MEDIA_OUTPUT = {"txt2img": "image", "txt2vid": "video", "img2vid": "video"}
 
 
 @dataclass
 class GenerationRequest:
     """One generation request; None leaves the deployment's default. The video inputs
-    (num_frames, fps, output_format) are for txt2vid only."""
+    (num_frames, fps, output_format) are for txt2vid and img2vid; `image` (uint8
+    [H, W, 3], RGB) is img2vid's conditioning image."""
 
     prompt: str
     negative_prompt: str | None = None
@@ -44,6 +45,7 @@ class GenerationRequest:
     num_frames: int | None = None
     fps: int | None = None
     output_format: str | None = None
+    image: np.ndarray | None = None
 
     def tensors(self) -> list[tuple[str, np.ndarray, str]]:
         """(name, value with shape [1], Triton dtype) for every input that is set."""
@@ -66,6 +68,8 @@ class GenerationRequest:
             if np_type is np.object_:
                 value = value.encode("utf-8")
             out.append((name, np.array([value], dtype=np_type), triton_type))
+        if self.image is not None:  # media, sent with its own shape
+            out.append(("image", np.ascontiguousarray(self.image), "UINT8"))
         return out
 
 

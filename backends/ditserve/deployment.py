@@ -23,6 +23,9 @@ ENGINE_MODES = ("serial", "request_batch", "step")
 # The task each model family serves; it names the public models (`<task>`, `<task>_stream`).
 FAMILY_TASKS = {"pixart-sigma": "txt2img", "wan-t2v": "txt2vid", "wan-i2v": "img2vid"}
 VIDEO_TASKS = ("txt2vid", "img2vid")
+# Per-request conditioning tensors a task passes from `vae_encode` to `dit` (name, rank of
+# one request's tensor, batch 1 included): the media contract of image-conditioned tasks.
+TASK_CONDITIONING = {"img2vid": (("image_embeds", 3), ("condition", 5))}
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,7 @@ class Limits:
     max_frames: int = 1
     frames_step: int = 4
     max_fps: int = 120
+    max_image_side: int = 4096  # img2vid only: the conditioning image, before it is resized
 
 
 @dataclass(frozen=True)

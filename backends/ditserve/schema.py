@@ -47,7 +47,9 @@ TXT2VID_INPUTS = TXT2IMG_INPUTS + (
     InputSpec("fps", "INT32", True),
     InputSpec("output_format", "BYTES", True),
 )
-TASK_INPUTS = {"txt2img": TXT2IMG_INPUTS, "txt2vid": TXT2VID_INPUTS}
+# img2vid / img2vid_stream: the video inputs plus the conditioning image, uint8 [H, W, 3].
+IMAGE_INPUT = InputSpec("image", "UINT8", False)
+TASK_INPUTS = {"txt2img": TXT2IMG_INPUTS, "txt2vid": TXT2VID_INPUTS, "img2vid": TXT2VID_INPUTS + (IMAGE_INPUT,)}
 # `raw`: uint8 frames only; `mp4`: also H.264 in MP4 (output `video_mp4`).
 OUTPUT_FORMATS = ("raw", "mp4")
 
@@ -122,6 +124,8 @@ def decode_request(inputs: Mapping[str, np.ndarray | None], deployment: Deployme
         raise InvalidRequest(f"unknown input(s) {extra}; allowed: {sorted(known)}")
     values = {}
     for spec in specs:
+        if spec is IMAGE_INPUT:  # media, not a scalar: decode_image checks it
+            continue
         raw = inputs.get(spec.name)
         if raw is None:
             if not spec.optional:
@@ -145,6 +149,21 @@ def decode_request(inputs: Mapping[str, np.ndarray | None], deployment: Deployme
         params = replace(params, num_frames=int(values.get("num_frames", dft.num_frames)),
                          fps=int(values.get("fps", dft.fps)), output_format=fmt)
     return check_params(params, deployment)
+
+
+def decode_image(raw: np.ndarray | None, deployment: Deployment) -> np.ndarray:
+    """The img2vid conditioning image: uint8 RGB [H, W, 3], each side in [1, max_image_side]."""
+    if raw is None:
+        raise InvalidRequest("input 'image' (UINT8, shape [height, width, 3]) is required")
+    if raw.dtype != np.uint8:
+        raise InvalidRequest(f"input 'image' must be UINT8 RGB values 0..255, got {raw.dtype}")
+    if raw.ndim != 3 or raw.shape[-1] != 3:
+        raise InvalidRequest(f"input 'image' must have shape [height, width, 3] (RGB, channels last), "
+                             f"got {list(raw.shape)}")
+    side = deployment.limits.max_image_side
+    if not (1 <= raw.shape[0] <= side and 1 <= raw.shape[1] <= side):
+        raise InvalidRequest(f"input 'image' is {raw.shape[1]}x{raw.shape[0]} (WxH); each side must be in [1, {side}]")
+    return raw
 
 
 def check_params(params: GenerationParams, deployment: Deployment) -> GenerationParams:

@@ -11,6 +11,7 @@ STAGES = {
     "text_encoder": "ditserve.stages.text_encoder:TextEncoderStage",
     "dit": "ditserve.stages.dit:DitStage",
     "vae_decode": "ditserve.stages.vae_decode:VaeDecodeStage",
+    "vae_encode": "ditserve.stages.vae_encode:VaeEncodeStage",
     "generate": "ditserve.stages.generate:GenerateStage",
 }
 

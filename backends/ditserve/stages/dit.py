@@ -21,6 +21,7 @@ import triton_python_backend_utils as pb_utils
 from ..adapters import adapter_for
 from ..adapters.base import instance_device
 from ..cancellation import CancelRegistry
+from ..deployment import TASK_CONDITIONING
 from ..engine import StepEngine
 from ..faults import injector
 from ..schema import GenerationParams, check_params
@@ -42,10 +43,14 @@ OUTPUTS = (
 )
 
 
-def latents_spec(config) -> TensorSpec:
-    """[C, h, w] per image generation, [C, f, h, w] per video generation (batch dim implied)."""
-    video = stage_deployment(config.as_dict()).is_video
-    return TensorSpec("latents", "TYPE_FP32", (-1,) * (4 if video else 3))
+def task_specs(config) -> tuple[TensorSpec, ...]:
+    """What depends on the task: `latents` [C, h, w] per image generation, [C, f, h, w] per
+    video generation (batch dim implied), and the optional conditioning inputs of
+    image-conditioned tasks (from vae_encode; deployment.TASK_CONDITIONING)."""
+    deployment = stage_deployment(config.as_dict())
+    latents = TensorSpec("latents", "TYPE_FP32", (-1,) * (4 if deployment.is_video else 3))
+    return (latents,), tuple(TensorSpec(name, "TYPE_FP32", (-1,) * rank, optional=True)
+                             for name, rank in TASK_CONDITIONING.get(deployment.task, ()))
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 CANCELLED = "cancelled by the client"
 
@@ -58,7 +63,8 @@ def request_key(request) -> str:
 class DitStage:
     @staticmethod
     def auto_complete(config):
-        return declare(config, INPUTS, OUTPUTS + (latents_spec(config),))
+        latents, conditioning = task_specs(config)
+        return declare(config, INPUTS + conditioning, OUTPUTS + latents)
 
     def __init__(self, args: dict, model_config: dict):
         self.deployment = stage_deployment(model_config)
@@ -101,7 +107,13 @@ class DitStage:
         check_params(params, self.deployment)  # dit is reachable directly too: same limits as the public models
         embeds = to_torch(pb_utils.get_input_tensor_by_name(request, "embeds"))[0]
         mask = to_torch(pb_utils.get_input_tensor_by_name(request, "mask"))[0]
-        self.engine.admit(key, params, TextConditioning(embeds, mask))
+        extra = {}
+        for name, _ in TASK_CONDITIONING.get(self.deployment.task, ()):
+            tensor = pb_utils.get_input_tensor_by_name(request, name)
+            if tensor is None:
+                raise ValueError(f"input '{name}' is required for {self.deployment.task} (vae_encode makes it)")
+            extra[name] = to_torch(tensor)[0]
+        self.engine.admit(key, params, TextConditioning(embeds, mask, extra=extra))
 
     def _step(self, active: list) -> None:
         """One denoise step for every active request; finished ones get their final response."""

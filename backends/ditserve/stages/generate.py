@@ -1,10 +1,11 @@
 """The public models, one implementation for every task and both variants.
 
 `<task>` (any client) and `<task>_stream` (decoupled, gRPC streaming) for the task of the
-deployment's family: `txt2img` returns `image` [H, W, 3]; `txt2vid` returns `video`
-[F, H, W, 3] and, with `output_format` = "mp4", also `video_mp4` (H.264 in MP4).
-The request is validated here, before any model work, then driven through
-`text_encoder` -> `dit` -> `vae_decode` with BLS. `dit` streams one progress response
+deployment's family: `txt2img` returns `image` [H, W, 3]; `txt2vid` and `img2vid` (which
+also takes an `image` [H, W, 3]) return `video` [F, H, W, 3] and, with `output_format` =
+"mp4", also `video_mp4` (H.264 in MP4). The request is validated here, before any model
+work, then driven through `text_encoder` (and `vae_encode` for img2vid) -> `dit` ->
+`vae_decode` with BLS. `dit` streams one progress response
 per step; the streaming variant (decoupled) forwards them to the client, the unary
 variant only uses them to notice a cancelled client between steps. Only the final
 latents are decoded. A decoupled model cannot answer unary or HTTP calls, hence two
@@ -24,9 +25,9 @@ import torch
 import triton_python_backend_utils as pb_utils
 
 from ..cancellation import CancelRegistry
-from ..deployment import Deployment
+from ..deployment import TASK_CONDITIONING, Deployment
 from ..faults import Subject, injector
-from ..schema import TASK_INPUTS, GenerationParams, InvalidRequest, decode_request
+from ..schema import IMAGE_INPUT, TASK_INPUTS, GenerationParams, InvalidRequest, decode_image, decode_request
 from .common import TensorSpec, declare, error_response, input_numpy, media_dims, stage_deployment, to_pb, to_torch
 from .liveness import StubDied, StubWatch
 from .metrics import GenerateMetrics
@@ -52,7 +53,8 @@ def io_specs(deployment: Deployment) -> tuple[tuple[TensorSpec, ...], tuple[Tens
     """Inputs and outputs of the deployment's task. Triton 2.51's Python backend cannot set
     response parameters, so the seed actually used (drawn when the request gave none) is
     returned as the output `seed`."""
-    inputs = tuple(TensorSpec(s.name, _TYPES[s.dtype], (1,), s.optional) for s in TASK_INPUTS[deployment.task])
+    inputs = tuple(TensorSpec(s.name, "TYPE_UINT8", (-1, -1, 3)) if s is IMAGE_INPUT
+                   else TensorSpec(s.name, _TYPES[s.dtype], (1,), s.optional) for s in TASK_INPUTS[deployment.task])
     outputs = [TensorSpec(media_output(deployment), "TYPE_UINT8", media_dims(deployment))]
     if deployment.is_video:
         outputs.append(TensorSpec("video_mp4", "TYPE_STRING", (1,)))
@@ -73,7 +75,8 @@ class Cancelled(RuntimeError):
 
 
 # Which model does the work of each timed stage (error messages name the model).
-STAGE_MODEL = {"encode": "text_encoder", "denoise": "dit", "decode": "vae_decode", "mp4": "mp4 encode"}
+STAGE_MODEL = {"encode": "text_encoder", "condition": "vae_encode", "denoise": "dit", "decode": "vae_decode",
+               "mp4": "mp4 encode"}
 
 
 class Deadline:
@@ -177,10 +180,14 @@ class GenerateStage:
         """Validate, encode, denoise step by step, decode; returns the params and the media outputs."""
         arrival = time.monotonic()
         params = decode_request({name: input_numpy(request, name) for name in self.inputs}, self.deployment)
+        conditioned = self.deployment.task in TASK_CONDITIONING
+        if conditioned:
+            decode_image(input_numpy(request, "image"), self.deployment)
         deadline = Deadline(request, arrival)
         encoded = self._timed("encode", self._encode, request, deadline, params)
-        latents = self._timed("denoise", self._denoise, request, deadline, request, params, encoded, on_progress,
-                              arrival, deadline)
+        extra = self._timed("condition", self._condition, request, deadline, request, params) if conditioned else []
+        latents = self._timed("denoise", self._denoise, request, deadline, request, params,
+                              [*encoded.output_tensors(), *extra], on_progress, arrival, deadline)
         media = self._timed("decode", self._decode, request, deadline, latents)
         outputs = [to_pb(media_output(self.deployment), media)]
         if params.output_format == "mp4":
@@ -215,14 +222,26 @@ class GenerateStage:
         (response,) = self.stubs.call("text_encoder", lambda: [bls.exec()])
         return _checked(response, "text_encoder")
 
-    def _denoise(self, request, params: GenerationParams, encoded, on_progress: Callable | None, arrival: float,
-                 deadline: Deadline):
+    def _condition(self, request, params: GenerationParams) -> list:
+        """img2vid: vae_encode turns the input image into dit's conditioning inputs (batch dim added)."""
+        names = [name for name, _ in TASK_CONDITIONING[self.deployment.task]]
+        params_tensor = pb_utils.Tensor("params", np.array([params.to_json().encode()], dtype=np.object_))  # no batch dim
+        bls = _bls("vae_encode", [pb_utils.get_input_tensor_by_name(request, "image"), params_tensor], names)
+        (response,) = self.stubs.call("vae_encode", lambda: [bls.exec()])
+        response = _checked(response, "vae_encode")
+        return [to_pb(name, to_torch(pb_utils.get_output_tensor_by_name(response, name))[None]) for name in names]
+
+    @staticmethod
+    def _params_tensor(params: GenerationParams):
+        """dit's `params` input: one request of a batching model, [1, 1]."""
+        return pb_utils.Tensor("params", np.array([[params.to_json().encode()]], dtype=np.object_))
+
+    def _denoise(self, request, params: GenerationParams, inputs: list, on_progress: Callable | None,
+                 arrival: float, deadline: Deadline):
         """Stream dit's per-step responses; to stop early (client cancel, timeout, a progress
         response that cannot be sent), flag dit and drain to its end, then raise why."""
         dit_id = uuid.uuid4().hex
-        params_tensor = pb_utils.Tensor("params", np.array([[params.to_json().encode()]], dtype=np.object_))
-        dit = _bls("dit", [*encoded.output_tensors(), params_tensor], ["progress", "latents", "error"],
-                   request_id=dit_id)
+        dit = _bls("dit", [*inputs, self._params_tensor(params)], ["progress", "latents", "error"], request_id=dit_id)
         first_step, latents, stop, done = None, None, None, 0
 
         for response in self.stubs.call("dit", lambda: dit.exec(decoupled=True)):

@@ -61,5 +61,5 @@ class GenerateMetrics:
         self.stage = {
             stage: histogram(f"ditserve_{stage}_duration_seconds", f"Wall time of the {stage} stage per request",
                              model, SECONDS_BUCKETS)
-            for stage in ("encode", "denoise", "decode", "mp4")
+            for stage in ("encode", "condition", "denoise", "decode", "mp4")
         }
