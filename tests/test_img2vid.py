@@ -113,3 +113,15 @@ def test_img2vid_requires_its_image(i2v_server):
     with grpcclient.InferenceServerClient(i2v_server.grpc_url) as client:
         with pytest.raises(InferenceServerException, match="image"):
             client.infer("img2vid", grpc_inputs(GenerationRequest("x", num_inference_steps=1)))
+
+
+def test_video_lands_in_a_system_shared_memory_region_as_for_txt2vid(i2v_server):
+    req = request("into shared memory", seed=5, num_inference_steps=2, height=64, width=64, output_format="mp4")
+    with DitClient(i2v_server.grpc_url, "grpc", task="img2vid") as plain:
+        expected = plain.generate(req).media
+    with DitClient(i2v_server.grpc_url, "grpc", task="img2vid", shm="system") as client:
+        result = client.generate(req)
+        assert client.pool.regions[0].byte_size == 9 * 64 * 64 * 3
+    assert np.array_equal(result.media, expected) and result.video_mp4[4:8] == b"ftyp"
+    with grpcclient.InferenceServerClient(i2v_server.grpc_url) as client:
+        assert not client.get_system_shared_memory_status().regions, "regions unregistered on close"
