@@ -20,6 +20,17 @@
 #             (~14 GB), then perf/video_transport.py: one 81x480x832 video (97 MB) delivered by
 #             gRPC, system shm and CUDA shm, with stage accounting -> $OUT/video_transport.json
 #             (not in `all`; ~4-6 min)
+#   i2v       full-size Wan2.1-I2V-14B-480P (random weights) -> models/wan2.1-i2v-14b-480p-random
+#             (~46 GB: transformer 16.4B, UMT5-XXL 5.7B, CLIP ViT-H/14 0.63B, VAE), then
+#             perf/video_transport.py on configs/wan2.1-i2v-14b-480p-random.toml: img2vid_stream,
+#             a synthetic 480x832 uint8 image, 81x480x832, I2V_STEPS steps with CFG (guidance 5),
+#             per-stage server means (text encode, condition = CLIP image encode + first-frame
+#             VAE encode, denoise and one dit step, decode) -> $OUT/i2v_stage_times.json,
+#             $OUT/i2v_build_info.json, $OUT/i2v_server.log (not in `all`; estimated ~4-6 min
+#             at full depth: build ~1.5-2.5 min, most of it saving 42.5 GiB, server start ~1-2 min,
+#             3 requests of 2 CFG steps ~1.5 min; needs ~45 GiB free disk. If it does not fit one
+#             call, I2V_TRANSFORMER_LAYERS=20 halves the transformer's build and load; it changes
+#             only the transformer's depth: scale the dit step time by 40/20)
 # baseline, smoke and control first build the model if it is missing (a machine stays warm
 # only ~30 s after a call, so a later call usually finds a bare machine).
 #
@@ -32,9 +43,14 @@
 # `source .gpu/env.sh` inside the device's 600 s), PYTHON (default python3),
 # BASELINE_RUNS (5), BASELINE_WARMUP (1), BASELINE_BATCHES (1,2,4,8), BASELINE_BATCH_RUNS (2),
 # SMOKE_CONCURRENT (4), CONTROL_RATE (0.6 req/s), CONTROL_N (24), CONTROL_ARGS (extra args),
-# VIDEO_STEPS (2), VIDEO_REPS (3), VIDEO_TEXT_ENCODER_LAYERS (24 = real), and
-# DITSERVE_CUDA_POOL_BYTES (Python-backend CUDA pool; `video` sets 1 GiB when unset: a
-# 97 MB video crosses from vae_decode to txt2vid through it).
+# VIDEO_STEPS (2), VIDEO_REPS (3), VIDEO_TEXT_ENCODER_LAYERS (24 = real),
+# I2V_STEPS (2), I2V_REPS (1), I2V_TRANSPORTS (grpc,system), I2V_TEXT_ENCODER_LAYERS (24 = real),
+# I2V_TRANSFORMER_LAYERS (40 = real; fewer cut only the transformer's depth: per-step time
+# scales with it, the other stages keep their real cost), I2V_MEDIA_ON_HOST (0; 1 serves a copy
+# of the deployment with [engine] media_on_host = true), I2V_BUILD (1; 0 skips the build) and,
+# for a CPU dry run of the plumbing only, I2V_DEPLOYMENT / I2V_FRAMES / I2V_HEIGHT / I2V_WIDTH,
+# and DITSERVE_CUDA_POOL_BYTES (Python-backend CUDA pool; `video` and `i2v` set 1 GiB when
+# unset: a 97 MB video crosses from vae_decode to the public model through it).
 # Exit status: 0 when every requested stage passed, 1 otherwise (the summary names them).
 set -uo pipefail
 
@@ -238,6 +254,38 @@ stage_video() {
     return $rc
 }
 
+# Full-size Wan2.1 I2V: build (or reuse) the random-weight model, then one img2vid_stream request
+# per transport with the server's per-stage means. The build prints its own timings (init, sanity
+# forwards, save) and the report carries the server's start-up-free stage times.
+stage_i2v() {
+    local i2v=models/wan2.1-i2v-14b-480p-random
+    if [[ "${I2V_BUILD:-1}" != 0 ]]; then
+        mkdir -p models
+        log "i2v: $(df -BG --output=avail models | tail -1 | tr -d ' ') free for models/ (a full-depth build writes ~46 GB)"
+        "$PY" scripts/build_full_size_random.py --family wan-i2v --out "$i2v" --device "$DEVICE" --if-missing \
+            --text-encoder-layers "${I2V_TEXT_ENCODER_LAYERS:-24}" \
+            --transformer-layers "${I2V_TRANSFORMER_LAYERS:-40}" || return $?
+        cp "$i2v/build_info.json" "$OUT/i2v_build_info.json"
+    fi
+    local deployment="${I2V_DEPLOYMENT:-configs/wan2.1-i2v-14b-480p-random.toml}"
+    if [[ "${I2V_MEDIA_ON_HOST:-0}" == 1 ]]; then  # [engine] is the config's last section
+        { cat "$deployment"; echo "media_on_host = true"; } > "$WORK/i2v-media-on-host.toml"
+        deployment="$WORK/i2v-media-on-host.toml"
+    fi
+    DITSERVE_CUDA_POOL_BYTES="${DITSERVE_CUDA_POOL_BYTES:-1073741824}" "$PY" perf/video_transport.py \
+        --deployment "$deployment" \
+        --frames "${I2V_FRAMES:-81}" --height "${I2V_HEIGHT:-480}" --width "${I2V_WIDTH:-832}" \
+        --image-size "${I2V_HEIGHT:-480}x${I2V_WIDTH:-832}" --steps "${I2V_STEPS:-2}" --guidance 5.0 \
+        --reps "${I2V_REPS:-1}" --transports "${I2V_TRANSPORTS:-grpc,system}" --skip-mp4 \
+        --out "$OUT/i2v_stage_times.json" --log "$OUT/i2v_server.log"
+    local rc=$?
+    if (( rc != 0 )); then
+        echo "----- i2v server log (full copy: $OUT/i2v_server.log)"
+        grep -v "live models and" "$OUT/i2v_server.log" | tail -80
+    fi
+    return $rc
+}
+
 # perf/matched_control.py: request_batch then step mode, each its own server on the same
 # seeded Poisson trace (1024px, 20 steps); writes <date>-gpu-h200-matched-control.{md,json}.
 stage_control() {
@@ -322,6 +370,19 @@ if s:
         print(f"- {c['n']} concurrent: wall {c['wall_ms']} ms; per request ms {[q.get('ms') for q in c['requests']]}")
     if "error" in s:
         print(f"- error: {s['error'][:500]}")
+v = load("i2v_stage_times.json")
+if v:
+    ib = load("i2v_build_info.json") or {}
+    print(f"\n## Image-to-video stage times ({v.get('deployment')}; request {v.get('request')})\n")
+    if ib:
+        print(f"Model: {ib.get('reference')}; full_size={ib.get('full_size')}, transformer_layers="
+              f"{ib.get('transformer_layers')}, params={ib.get('params')}, {ib.get('size_bytes', 0) / 2**30:.1f} GiB, "
+              f"build times {ib.get('times_s')}\n")
+    print("| stage | mean s |\n|---|---|")
+    for name, mean in (v.get("server_stage_means_s") or {}).items():
+        print(f"| {name} | {'n/a' if mean is None else f'{mean:.3f}'} |")
+    for transport, row in (v.get("summary") or {}).items():
+        print(f"- {transport}: total median {row['total_s']['median']:.2f} s")
 ctrl = sorted(out.glob("control_*"))
 if ctrl:
     print("\n## Matched control\n\nFiles: " + ", ".join(p.name for p in ctrl))
@@ -346,15 +407,15 @@ main() {
     for s in "${stages[@]}"; do
         case "$s" in
             all) expanded+=(env build baseline smoke control) ;;
-            env|build|baseline|smoke|control|video) expanded+=("$s") ;;
+            env|build|baseline|smoke|control|video|i2v) expanded+=("$s") ;;
             -h|--help) awk 'NR > 1 && /^#/ {print; next} NR > 1 {exit}' "$0"; return 0 ;;
-            *) echo "unknown stage: $s (env|build|baseline|smoke|control|video|all)"; return 2 ;;
+            *) echo "unknown stage: $s (env|build|baseline|smoke|control|video|i2v|all)"; return 2 ;;
         esac
     done
     mkdir -p "$WORK"
     export REPO_ROOT PY OUT DEADLINE_S DEPLOYMENT MODEL_DIR DEVICE SIZE STEPS WORK START_EPOCH
     export -f log remaining model_ready stage_env stage_build stage_baseline stage_smoke stage_control collect_control \
-        stage_video
+        stage_video stage_i2v
     log "stages: ${expanded[*]} (deadline ${DEADLINE_S}s)"
     for s in "${expanded[@]}"; do
         case "$s" in
@@ -364,6 +425,7 @@ main() {
             smoke) ensure_model smoke && run_timed smoke 150 stage_smoke ;;
             control) ensure_model control && run_timed control 200 stage_control ;;
             video) run_timed video 240 stage_video ;;
+            i2v) run_timed i2v 300 stage_i2v ;;
         esac
     done
     [[ -f "$MODEL_DIR/build_info.json" && ! -f "$OUT/build_info.json" ]] && cp "$MODEL_DIR/build_info.json" "$OUT/"

@@ -7,6 +7,10 @@
   --family wan-t2v: same classes and configs as `Wan-AI/Wan2.1-T2V-1.3B-Diffusers`
       (transformer 1.3B, UMT5-XXL encoder 5.7B, Wan2.1 VAE, flow UniPC), ~14 GB in bf16,
       into `models/wan2.1-t2v-1.3b-random/`.
+  --family wan-i2v: same classes and configs as `Wan-AI/Wan2.1-I2V-14B-480P-Diffusers`
+      (transformer 16.4B with image cross-attention and 36 input channels, UMT5-XXL encoder
+      5.7B, CLIP ViT-H/14 vision encoder 0.63B + CLIPImageProcessor, Wan2.1 VAE, flow UniPC),
+      ~46 GB in bf16, into `models/wan2.1-i2v-14b-480p-random/`.
 
 Speed and memory match the real checkpoint; the outputs are noise. Written in diffusers
 layout (safetensors). No network: the tokenizer is the tiny offline one from
@@ -18,11 +22,13 @@ copy on the host), random-initialised there, checked for finite outputs, then sa
 
     python scripts/build_full_size_random.py                       # GPU, bf16, full size
     python scripts/build_full_size_random.py --family wan-t2v      # GPU, bf16, full size
+    python scripts/build_full_size_random.py --family wan-i2v      # GPU, bf16, full size (~46 GB)
     python scripts/build_full_size_random.py --device cpu --text-encoder-layers 1 \\
         --transformer-layers 1 --out /tmp/fs-smoke --verify        # CPU smoke of the layout
 
-Reduced layer counts are for smoke tests only; the folder records them in its
-`build_info.json`.
+Reduced layer counts are for smoke tests only (they cut the text encoder's and the
+transformer's depth; widths, the CLIP tower, the VAE and the scheduler stay full size); the
+folder records them in its `build_info.json`.
 """
 from __future__ import annotations
 
@@ -49,9 +55,14 @@ sys.path.insert(0, str(REPO_ROOT / "scripts"))
 from build_tiny_pipelines import (  # noqa: E402  (offline T5 tokenizer, real configs)
     PIXART_SIGMA_SCHEDULER_CONFIG,
     PIXART_SIGMA_TRANSFORMER_CONFIG,
+    WAN_I2V_IMAGE_ENCODER_CONFIG,
+    WAN_I2V_IMAGE_PROCESSOR_CONFIG,
+    WAN_I2V_TRANSFORMER_CONFIG,
     WAN_T2V_SCHEDULER_CONFIG,
     WAN_T2V_TRANSFORMER_CONFIG,
     WAN_VAE_CONFIG,
+    name_clip_image_processor,
+    tiny_input_image,
     tiny_t5_tokenizer,
 )
 from diffusers import (  # noqa: E402
@@ -62,10 +73,19 @@ from diffusers import (  # noqa: E402
     PixArtSigmaPipeline,
     PixArtTransformer2DModel,
     UniPCMultistepScheduler,
+    WanImageToVideoPipeline,
     WanPipeline,
     WanTransformer3DModel,
 )
-from transformers import T5Config, T5EncoderModel, UMT5Config, UMT5EncoderModel  # noqa: E402
+from transformers import (  # noqa: E402
+    CLIPImageProcessor,
+    CLIPVisionConfig,
+    CLIPVisionModel,
+    T5Config,
+    T5EncoderModel,
+    UMT5Config,
+    UMT5EncoderModel,
+)
 
 SEED = 0
 
@@ -231,7 +251,8 @@ def pixart_check(c: dict, device: torch.device, latent_side: int) -> dict:
 WAN_MAX_SEQUENCE_LENGTH = 512  # Wan's UMT5 length
 
 
-def wan_components(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, timer: Timer) -> dict:
+def wan_components(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, timer: Timer,
+                   transformer_config: dict = WAN_T2V_TRANSFORMER_CONFIG) -> dict:
     with timer("tokenizer"):
         tokenizer = tiny_t5_tokenizer(model_max_length=WAN_MAX_SEQUENCE_LENGTH)
     with timer("text_encoder init"), build_context(device, dtype):
@@ -240,29 +261,56 @@ def wan_components(args: argparse.Namespace, device: torch.device, dtype: torch.
     with timer("transformer init"), build_context(device, dtype):
         # No cast: its only fp32 tensors are the rope tables, which from_pretrained keeps in fp32
         # too (WanTransformer3DModel._keep_in_fp32_modules).
-        transformer = WanTransformer3DModel(**{**WAN_T2V_TRANSFORMER_CONFIG,
-                                               "num_layers": args.transformer_layers}).eval()
+        transformer = WanTransformer3DModel(**{**transformer_config, "num_layers": args.transformer_layers}).eval()
     with timer("vae init"), build_context(device, dtype):
         vae = cast_if_needed(AutoencoderKLWan(**WAN_VAE_CONFIG), dtype).eval()
     scheduler = UniPCMultistepScheduler(**WAN_T2V_SCHEDULER_CONFIG)
     return dict(tokenizer=tokenizer, text_encoder=text_encoder, transformer=transformer, vae=vae, scheduler=scheduler)
 
 
+def wan_i2v_components(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, timer: Timer) -> dict:
+    """Wan2.1 I2V: the T2V family's tokenizer, UMT5, VAE and scheduler, the 14B transformer
+    with image cross-attention, and the CLIP ViT-H/14 vision tower with its image processor."""
+    components = wan_components(args, device, dtype, timer, WAN_I2V_TRANSFORMER_CONFIG)
+    with timer("image_encoder init"), build_context(device, dtype):
+        image_encoder = CLIPVisionModel(CLIPVisionConfig(**WAN_I2V_IMAGE_ENCODER_CONFIG))
+        image_encoder = cast_if_needed(image_encoder, dtype).eval()
+    return {**components, "image_encoder": image_encoder,
+            "image_processor": CLIPImageProcessor(**WAN_I2V_IMAGE_PROCESSOR_CONFIG)}
+
+
 @torch.inference_mode()
 def wan_check(c: dict, device: torch.device, latent_side: int) -> dict:
     """One UMT5 encode, one transformer forward and one VAE decode on random inputs: all finite.
+    Image-to-video adds one CLIP encode of a test image and one VAE encode of a first-frame
+    condition video, and feeds the transformer its 36 channels and the image tokens.
     Default latents: 81 frames at 480x832 on a GPU, 9 frames at 64x64 on a CPU."""
     transformer, vae = c["transformer"], c["vae"]
     embeds, _, encoded = check_text_encoder(c, device, WAN_MAX_SEQUENCE_LENGTH)
+    checks = {"text_encoder": encoded}
     frames, size = (21, (60, 104)) if device.type == "cuda" else (3, (8, 8))
     if latent_side:
         size = (latent_side, latent_side)
+    image_kwargs = {}
+    if c.get("image_encoder") is not None:
+        encoder = c["image_encoder"]
+        pixels = c["image_processor"](images=tiny_input_image(), return_tensors="pt").pixel_values
+        image_embeds = encoder(pixels.to(device, encoder.dtype), output_hidden_states=True).hidden_states[-2]
+        checks["image_encoder"] = check_finite("image_encoder", image_embeds)
+        # [image, zeros x (F - 1)] in [-1, 1] at the video's pixel size, as the pipeline encodes it
+        video = torch.zeros(1, 3, 4 * (frames - 1) + 1, 8 * size[0], 8 * size[1])
+        video[:, :, 0] = torch.rand(1, 3, 8 * size[0], 8 * size[1],
+                                    generator=torch.Generator("cpu").manual_seed(SEED)) * 2 - 1
+        condition = vae.encode(video.to(device, vae.dtype)).latent_dist.mode()
+        checks["vae_encode"] = check_finite("vae_encode", condition)
+        image_kwargs["encoder_hidden_states_image"] = image_embeds.expand(2, -1, -1)
     latents = random_latents((2, transformer.config.in_channels, frames, *size), device, transformer.dtype)
     noise = transformer(hidden_states=latents, timestep=torch.tensor([999, 500], device=device),
-                        encoder_hidden_states=embeds, return_dict=False)[0]
-    video = vae.decode(latents[:1], return_dict=False)[0]
-    return {"text_encoder": encoded, "transformer": check_finite("transformer", noise),
-            "vae_decode": check_finite("vae_decode", video)}
+                        encoder_hidden_states=embeds, return_dict=False, **image_kwargs)[0]
+    checks["transformer"] = check_finite("transformer", noise)
+    video = vae.decode(latents[:1, :vae.config.z_dim], return_dict=False)[0]
+    checks["vae_decode"] = check_finite("vae_decode", video)
+    return checks
 
 
 @dataclass(frozen=True)
@@ -277,6 +325,7 @@ class Family:
     components: Callable[[argparse.Namespace, torch.device, torch.dtype, Timer], dict]
     check: Callable[[dict, torch.device, int], dict]   # finite-output forwards; int: --check-latent-side
     verify_kwargs: dict             # a cheap call of the reloaded pipeline, sized by --verify-size
+    finish: Callable[[DiffusionPipeline], None] | None = None  # adjusts the pipeline before saving
 
 
 FAMILIES = {
@@ -293,6 +342,14 @@ FAMILIES = {
         text_encoder_layers=24, transformer_layers=30, pipeline_class=WanPipeline,
         components=wan_components, check=wan_check,
         verify_kwargs=dict(guidance_scale=5.0, num_frames=9),
+    ),
+    "wan-i2v": Family(
+        reference="Wan-AI/Wan2.1-I2V-14B-480P-Diffusers",
+        default_out=REPO_ROOT / "models" / "wan2.1-i2v-14b-480p-random",
+        text_encoder_layers=24, transformer_layers=40, pipeline_class=WanImageToVideoPipeline,
+        components=wan_i2v_components, check=wan_check,
+        verify_kwargs=dict(guidance_scale=5.0, num_frames=9, image=tiny_input_image()),
+        finish=name_clip_image_processor,
     ),
 }
 
@@ -313,7 +370,8 @@ def build(args: argparse.Namespace, family: Family) -> dict:
         torch.cuda.manual_seed_all(SEED)
 
     components = family.components(args, device, dtype, timer)
-    info["params"] = {name: n_params(components[name]) for name in ("text_encoder", "transformer", "vae")}
+    info["params"] = {name: n_params(module) for name, module in components.items()
+                      if isinstance(module, torch.nn.Module)}
     info["params"]["tokenizer_vocab"] = len(components["tokenizer"])
     log(f"params: {info['params']}")
     if device.type == "cuda":
@@ -324,6 +382,8 @@ def build(args: argparse.Namespace, family: Family) -> dict:
             info["check"] = family.check(components, device, args.check_latent_side)
 
     pipe = family.pipeline_class(**components)
+    if family.finish is not None:
+        family.finish(pipe)
     out = Path(args.out)
     tmp = out.parent / f".{out.name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -350,7 +410,7 @@ def verify_load(path: Path, family: Family, device: str, dtype: str, size: int) 
     load_s = time.perf_counter() - start
     pipe.set_progress_bar_config(disable=True)
     start = time.perf_counter()
-    media = pipe("a photo of a cat", height=size, width=size, num_inference_steps=1, output_type="np",
+    media = pipe(prompt="a photo of a cat", height=size, width=size, num_inference_steps=1, output_type="np",
                  generator=torch.Generator("cpu").manual_seed(SEED), return_dict=False, **family.verify_kwargs)[0]
     run_s = time.perf_counter() - start
     media = np.asarray(media)
@@ -367,13 +427,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--family", default="pixart-sigma", choices=sorted(FAMILIES),
                     help="which architecture (default pixart-sigma)")
-    ap.add_argument("--out", help="output folder (default models/pixart-sigma-1024-random or "
-                                  "models/wan2.1-t2v-1.3b-random)")
+    ap.add_argument("--out", help="output folder (default models/pixart-sigma-1024-random, "
+                                  "models/wan2.1-t2v-1.3b-random or models/wan2.1-i2v-14b-480p-random)")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     ap.add_argument("--device", default="cuda", help="cuda | cuda:N | cpu (default cuda)")
     ap.add_argument("--text-encoder-layers", type=int, help="encoder blocks (default: the real 24; fewer for smoke)")
     ap.add_argument("--transformer-layers", type=int,
-                    help="transformer blocks (default: the real 28 PixArt / 30 Wan; fewer for smoke)")
+                    help="transformer blocks (default: the real 28 PixArt / 30 Wan T2V / 40 Wan I2V; "
+                         "fewer for smoke)")
     ap.add_argument("--skip-check", action="store_true", help="skip the finite-output forward before saving")
     ap.add_argument("--check-latent-side", type=int, default=0,
                     help="latent height and width of the check (default: the real size on cuda, small on cpu)")

@@ -357,10 +357,14 @@ def build_tiny_wan_i2v() -> DiffusionPipeline:
                                        image_dim=image_encoder.config.hidden_size, added_kv_proj_dim=inner_dim)
     pipe = WanImageToVideoPipeline(**parts, image_encoder=image_encoder, image_processor=image_processor,
                                    transformer=transformer)
-    # Without torchvision, transformers 5 hands out CLIPImageProcessorPil for CLIPImageProcessor;
-    # name the class the real checkpoint's model_index.json names, so either backend loads it.
-    pipe.register_to_config(image_processor=("transformers", "CLIPImageProcessor"))
+    name_clip_image_processor(pipe)
     return pipe
+
+
+def name_clip_image_processor(pipe: DiffusionPipeline) -> None:
+    """Without torchvision, transformers 5 hands out CLIPImageProcessorPil for CLIPImageProcessor;
+    name the class the real checkpoint's model_index.json names, so either backend loads it."""
+    pipe.register_to_config(image_processor=("transformers", "CLIPImageProcessor"))
 
 
 def tiny_input_image(height: int = 40, width: int = 56) -> Image.Image:

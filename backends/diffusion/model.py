@@ -15,6 +15,7 @@ except ImportError:  # running from a checkout or a container copy without insta
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ditserve.stages import stage_class
+from ditserve.stages.metrics import release_all
 
 
 def _stage_of(config: dict) -> str:
@@ -42,3 +43,5 @@ class TritonPythonModel:
 
     def finalize(self):
         self.stage.finalize()
+        del self.stage       # with it, its metrics: released now, not at stub teardown
+        release_all()

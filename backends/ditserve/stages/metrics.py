@@ -18,6 +18,13 @@ def _family(name: str, help_text: str, kind):
     return _families[name]
 
 
+def release_all() -> None:
+    """Drop our metric families while the stub is still up (call from finalize, after the
+    stage dropped its metrics). Destroyed later, at stub teardown, a MetricFamily segfaults
+    the stub (triton-inference-server/server#8662)."""
+    _families.clear()
+
+
 def counter(name: str, help_text: str, model: str):
     return _family(name, help_text, pb_utils.MetricFamily.COUNTER).Metric(labels={"model": model})
 
@@ -63,3 +70,16 @@ class GenerateMetrics:
                              model, SECONDS_BUCKETS)
             for stage in ("encode", "condition", "denoise", "decode", "mp4")
         }
+
+
+class VaeEncodeMetrics:
+    """The conditioning of one img2vid request in its two parts (the public model's
+    `condition` stage histogram times the whole BLS call, hop included)."""
+
+    def __init__(self, model: str):
+        self.image_encode = histogram("ditserve_image_encode_duration_seconds",
+                                      "Wall time of the image encoder (CLIP image embeddings) per request", model,
+                                      SECONDS_BUCKETS)
+        self.vae_encode = histogram("ditserve_vae_encode_duration_seconds",
+                                    "Wall time of the first-frame VAE condition (resize + VAE encode) per request",
+                                    model, SECONDS_BUCKETS)
