@@ -43,13 +43,25 @@ class Family:
     output: str                     # attribute of the pipeline output holding the media batch
     call_kwargs: dict = field(default_factory=dict)
     video: bool = False
+    image: bool = False             # conditioned on an input image (--image-data)
 
 
 PIPELINES = {
     # The server never bins resolutions nor cleans captions (that needs bs4/ftfy).
     "pixart-sigma": Family("PixArtSigmaPipeline", "images", {"use_resolution_binning": False, "clean_caption": False}),
     "wan-t2v": Family("WanPipeline", "frames", video=True),
+    "wan-i2v": Family("WanImageToVideoPipeline", "frames", video=True, image=True),
 }
+
+
+def input_data_image(path: str):
+    """The first entry's `image` of a perf_analyzer input-data JSON ({content, shape}), as PIL:
+    the same pixels the served sweep sends."""
+    import numpy as np
+    from PIL import Image
+
+    image = json.loads(Path(path).read_text())["data"][0]["image"]
+    return Image.fromarray(np.array(image["content"], dtype=np.uint8).reshape(image["shape"]))
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -93,6 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--guidance-scale", type=float, default=None)
     ap.add_argument("--frames", type=int, default=None, help="video families only")
+    ap.add_argument("--image-data", default=None,
+                    help="image-conditioned families: perf_analyzer input-data JSON whose first entry's `image` is used")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=2)
@@ -124,6 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     if family.video:
         request["num_frames"] = args.frames or d.num_frames
+    if family.image:
+        if not args.image_data:
+            raise SystemExit(f"{dep.model.family} is conditioned on an image: pass --image-data FILE")
+        request["image"] = input_data_image(args.image_data)
     media_shape = ((request["num_frames"],) if family.video else ()) + (request["height"], request["width"], 3)
 
     device = args.device or dep.model.device
@@ -172,7 +190,9 @@ def main(argv: list[str] | None = None) -> int:
         "torch_threads": torch.get_num_threads(),
         "versions": {"torch": torch.__version__, "diffusers": diffusers.__version__,
                      "python": sys.version.split()[0]},
-        "request": {**request, "seed": args.seed, **family.call_kwargs, "output": f"uint8 {list(media_shape)}"},
+        "request": {**{k: v for k, v in request.items() if k != "image"}, "seed": args.seed, **family.call_kwargs,
+                    "output": f"uint8 {list(media_shape)}",
+                    **({"image": f"first entry of {args.image_data}"} if family.image else {})},
         "runs": args.runs,
         "warmup": args.warmup,
         **latency_stats(lat),

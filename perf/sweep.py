@@ -221,6 +221,8 @@ def run_baseline(sweep: Sweep, request: dict, threads: str, work: Path) -> tuple
            "--guidance-scale", str(request["guidance_scale"]), "--seed", str(request["seed"])]
     if "num_frames" in request:
         cmd += ["--frames", str(request["num_frames"])]
+    if "image" in request:
+        cmd += ["--image-data", str(ROOT / sweep.data)]
     if sweep.baseline_batch_sizes is not None:
         cmd += ["--batch-sizes", ",".join(map(str, sweep.baseline_batch_sizes))]
     log(f"raw diffusers baseline: {sweep.baseline_runs} serial runs, then batched")
