@@ -382,7 +382,7 @@ def _delta(before: dict, after: dict, name: str, model: str) -> float:
     return after.get((name, model), 0.0) - before.get((name, model), 0.0)
 
 
-def _hist_mean(before: dict, after: dict, name: str, model: str) -> float | None:
+def histogram_mean(before: dict, after: dict, name: str, model: str) -> float | None:
     count = _delta(before, after, f"{name}_count", model)
     return _delta(before, after, f"{name}_sum", model) / count if count > 0 else None
 
@@ -415,13 +415,13 @@ def wait_server_settled(metrics_url: str, before: dict, expected_total: int, tim
 def server_summary(before: dict, after: dict) -> dict:
     ms = lambda v: None if v is None else round(v * 1000.0, 3)  # noqa: E731
     out = {f"server_{k}": int(_delta(before, after, n, PUBLIC_LABEL)) for k, n in OUTCOME_COUNTERS.items()}
-    out["server_mean_ttfs_ms"] = ms(_hist_mean(before, after, "ditserve_time_to_first_step_seconds", PUBLIC_LABEL))
-    out["stage_mean_ms"] = {stage: ms(_hist_mean(before, after, f"ditserve_{stage}_duration_seconds", PUBLIC_LABEL))
+    out["server_mean_ttfs_ms"] = ms(histogram_mean(before, after, "ditserve_time_to_first_step_seconds", PUBLIC_LABEL))
+    out["stage_mean_ms"] = {stage: ms(histogram_mean(before, after, f"ditserve_{stage}_duration_seconds", PUBLIC_LABEL))
                             for stage in ("encode", "denoise", "decode")}
-    batch = _hist_mean(before, after, "ditserve_step_batch_size", "dit")
+    batch = histogram_mean(before, after, "ditserve_step_batch_size", "dit")
     out["mean_step_batch_size"] = None if batch is None else round(batch, 3)
     out["step_batches"] = int(_delta(before, after, "ditserve_step_batch_size_count", "dit"))
-    out["mean_step_duration_ms"] = ms(_hist_mean(before, after, "ditserve_step_duration_seconds", "dit"))
+    out["mean_step_duration_ms"] = ms(histogram_mean(before, after, "ditserve_step_duration_seconds", "dit"))
     return out
 
 

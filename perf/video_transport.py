@@ -32,14 +32,12 @@ import argparse
 import json
 import platform
 import queue
-import re
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -51,19 +49,9 @@ from ditserve.client import GenerationRequest  # noqa: E402
 from ditserve.deployment import TASK_CONDITIONING, load_deployment  # noqa: E402
 from ditserve.launcher import ServerOptions, TritonServer, free_ports  # noqa: E402
 from ditserve.shm import OutputRegionPool  # noqa: E402
+from matched_control import loadgen  # noqa: E402  (perf/loadgen.py: /metrics scraping)
 
 TRANSPORTS = ("grpc", "system", "cuda", "cuda_host")
-
-
-def metric_sums(url: str) -> dict[str, float]:
-    """{'<histogram>_sum|model': seconds} (and _count) for every ditserve duration histogram."""
-    text = urllib.request.urlopen(url, timeout=10).read().decode()
-    out = {}
-    for line in text.splitlines():
-        m = re.match(r'^(ditserve_\w+_duration_seconds_(?:sum|count))\{[^}]*model="([^"]+)"[^}]*\}\s+(\S+)$', line)
-        if m:
-            out[f"{m.group(1)}|{m.group(2)}"] = float(m.group(3))
-    return out
 
 
 def gpu_memory_used() -> str | None:
@@ -244,17 +232,17 @@ def main() -> int:
                  for t in transports if t != "grpc"}
         print("[video_transport] warm-up", flush=True)
         warm = one_request(server.grpc_url, model, request, transports[0], pools.get(transports[0]))
-        before = metric_sums(server.metrics_url)
+        before = loadgen.scrape(server.metrics_url)
         for rep in range(args.reps):
             for transport in transports:
                 run = one_request(server.grpc_url, model, request, transport, pools.get(transport))
                 print(f"[video_transport] rep {rep} {transport}: total {run['total_s']:.3f}s after-denoise "
                       f"{run['after_denoise_s']:.3f}s materialise {run['materialise_s'] * 1e3:.1f}ms", flush=True)
                 runs.append(run)
-        after = metric_sums(server.metrics_url)
+        after = loadgen.scrape(server.metrics_url)
         gpu_memory = gpu_memory_used()
         mp4_request = GenerationRequest(**{**request.__dict__, "output_format": "mp4"})
-        mp4_before = metric_sums(server.metrics_url)
+        mp4_before = loadgen.scrape(server.metrics_url)
         if args.skip_mp4:
             mp4_run = {"skipped": "--skip-mp4"}
         else:
@@ -262,15 +250,14 @@ def main() -> int:
                 mp4_run = one_request(server.grpc_url, model, mp4_request, "grpc", None)
             except RuntimeError as exc:  # e.g. no PyAV on the server: the raw transports still count
                 mp4_run = {"error": str(exc)}
-        mp4_after = metric_sums(server.metrics_url)
+        mp4_after = loadgen.scrape(server.metrics_url)
         for pool in pools.values():
             pool.close()
     finally:
         server.stop()
 
     def mean_delta(b, a, name, label=model):
-        n = a.get(f"{name}_count|{label}", 0) - b.get(f"{name}_count|{label}", 0)
-        return (a.get(f"{name}_sum|{label}", 0) - b.get(f"{name}_sum|{label}", 0)) / n if n else None
+        return loadgen.histogram_mean(b, a, name, label)
 
     stage_means = {"encode": mean_delta(before, after, "ditserve_encode_duration_seconds")}
     if conditioned:

@@ -142,3 +142,15 @@ def cancel_mid_denoise(server, request: GenerationRequest, task: str, after_step
     time.sleep(0.5)  # a late, wrong decode would show up by now
     decodes = ("nv_inference_count", "vae_decode")
     assert scrape(server.metrics_url).get(decodes, 0) == before.get(decodes, 0), "no decode after an abort"
+
+
+def run_staggered(url: str, requests: list[GenerationRequest], task: str = "txt2img",
+                  wait_steps: int = 1) -> list[tuple[list, object]]:
+    """Stream `requests`, each starting once the one before has done `wait_steps` steps (so
+    every later one joins earlier ones mid-denoise); (progress seen, media) per request."""
+    calls = []
+    for i, request in enumerate(requests):
+        calls.append(StreamCall(url, request, task=task).start())
+        if i < len(requests) - 1:
+            calls[-1].wait_progress(wait_steps)
+    return [call.finish() for call in calls]

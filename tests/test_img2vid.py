@@ -14,7 +14,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from ditserve.client import DitClient, GenerationRequest
-from helpers import StreamCall, cancel_mid_denoise, grpc_inputs, histogram_above, scrape
+from helpers import cancel_mid_denoise, grpc_inputs, histogram_above, run_staggered, scrape
 from wan_helpers import assert_close, conditioning_image
 
 STREAM = "img2vid_stream"
@@ -70,11 +70,7 @@ def test_staggered_i2v_requests_batch_stepwise_and_each_matches_its_solo_run(i2v
                 request("b", seed=2, image_seed=2, num_inference_steps=70),
                 request("c", seed=3, image_seed=3, num_inference_steps=60)]
     batched_before = histogram_above(i2v_server.metrics_url, "ditserve_step_batch_size", "dit", "1")
-    calls = []
-    for req in requests:
-        calls.append(StreamCall(i2v_server.grpc_url, req, task="img2vid").start())
-        calls[-1].wait_progress(1)
-    results = [call.finish() for call in calls]
+    results = run_staggered(i2v_server.grpc_url, requests, task="img2vid")
     assert histogram_above(i2v_server.metrics_url, "ditserve_step_batch_size", "dit", "1") > batched_before
     with DitClient(i2v_server.grpc_url, "grpc", task="img2vid") as client:
         for req, (_, frames) in zip(requests, results):

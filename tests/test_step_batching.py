@@ -11,7 +11,7 @@ from tritonclient.utils import InferenceServerException
 
 from conftest import diffusers_image
 from ditserve.client import DitClient, GenerationRequest
-from helpers import StreamCall, histogram_above, scrape, wait_for_metric
+from helpers import StreamCall, histogram_above, run_staggered, scrape, wait_for_metric
 from test_txt2img import assert_matches
 
 STREAM = "txt2img_stream"
@@ -35,11 +35,7 @@ def test_staggered_requests_batch_stepwise_and_each_matches_diffusers(server, di
     ]
     before = scrape(server.metrics_url)
     big_batches = histogram_above(server.metrics_url, "ditserve_step_batch_size", "dit", "2")
-    calls = []
-    for request in requests:           # each arrives while the earlier ones are mid-loop
-        calls.append(StreamCall(server.grpc_url, request).start())
-        calls[-1].wait_progress(2) if len(calls) < len(requests) else None
-    results = [call.finish() for call in calls]
+    results = run_staggered(server.grpc_url, requests, wait_steps=2)  # each arrives mid-loop of the earlier ones
     after = scrape(server.metrics_url)
 
     for request, (progress, image) in zip(requests, results):

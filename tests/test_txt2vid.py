@@ -16,7 +16,7 @@ from tritonclient.utils import InferenceServerException
 from conftest import diffusers_video
 from ditserve.client import DitClient, GenerationRequest
 from ditserve.media import decode_mp4
-from helpers import StreamCall, cancel_mid_denoise, grpc_inputs, histogram_above
+from helpers import cancel_mid_denoise, grpc_inputs, histogram_above, run_staggered
 
 TOLERANCE = 1
 LUMA_TOLERANCE = 4.0   # mean |luma| levels after an MP4 round trip (measured 2.8 on the tiny model)
@@ -59,11 +59,7 @@ def test_staggered_videos_batch_stepwise_and_each_matches_its_solo_run(wan_serve
                 video("a green hill", seed=33, num_inference_steps=60, num_frames=5),
                 video("a dark sky", seed=44, num_inference_steps=50, guidance_scale=1.0)]
     batched_before = histogram_above(wan_server.metrics_url, "ditserve_step_batch_size", "dit", "1")
-    calls = []
-    for request in requests:
-        calls.append(StreamCall(wan_server.grpc_url, request, task="txt2vid").start())
-        calls[-1].wait_progress(1)  # the next one joins while this one is mid-denoise
-    results = [call.finish() for call in calls]
+    results = run_staggered(wan_server.grpc_url, requests, task="txt2vid")
     assert histogram_above(wan_server.metrics_url, "ditserve_step_batch_size", "dit", "1") > batched_before
     with DitClient(wan_server.grpc_url, "grpc", task="txt2vid") as client:
         for request, (progress, frames) in zip(requests, results):

@@ -225,16 +225,18 @@ class GenerateStage:
     def _condition(self, request, params: GenerationParams) -> list:
         """img2vid: vae_encode turns the input image into dit's conditioning inputs (batch dim added)."""
         names = [name for name, _ in TASK_CONDITIONING[self.deployment.task]]
-        params_tensor = pb_utils.Tensor("params", np.array([params.to_json().encode()], dtype=np.object_))  # no batch dim
-        bls = _bls("vae_encode", [pb_utils.get_input_tensor_by_name(request, "image"), params_tensor], names)
+        bls = _bls("vae_encode", [pb_utils.get_input_tensor_by_name(request, "image"),
+                                  self._params_tensor(params, batched=False)], names)
         (response,) = self.stubs.call("vae_encode", lambda: [bls.exec()])
         response = _checked(response, "vae_encode")
         return [to_pb(name, to_torch(pb_utils.get_output_tensor_by_name(response, name))[None]) for name in names]
 
     @staticmethod
-    def _params_tensor(params: GenerationParams):
-        """dit's `params` input: one request of a batching model, [1, 1]."""
-        return pb_utils.Tensor("params", np.array([[params.to_json().encode()]], dtype=np.object_))
+    def _params_tensor(params: GenerationParams, batched: bool = True):
+        """The `params` input (GenerationParams JSON) of a stage: [1, 1] for one request of a
+        batching model (dit), [1] for one without a batch dimension (vae_encode)."""
+        value = np.array([params.to_json().encode()], dtype=np.object_)
+        return pb_utils.Tensor("params", value[None] if batched else value)
 
     def _denoise(self, request, params: GenerationParams, inputs: list, on_progress: Callable | None,
                  arrival: float, deadline: Deadline):
