@@ -49,8 +49,9 @@
 # scales with it, the other stages keep their real cost), I2V_MEDIA_ON_HOST (0; 1 serves a copy
 # of the deployment with [engine] media_on_host = true), I2V_BUILD (1; 0 skips the build) and,
 # for a CPU dry run of the plumbing only, I2V_DEPLOYMENT / I2V_FRAMES / I2V_HEIGHT / I2V_WIDTH,
-# and DITSERVE_CUDA_POOL_BYTES (Python-backend CUDA pool; `video` and `i2v` set 1 GiB when
-# unset: a 97 MB video crosses from vae_decode to the public model through it).
+# and DITSERVE_CUDA_POOL_BYTES (Python-backend CUDA pool; unset = Triton's 64 MB: a 97 MB
+# video then crosses from vae_decode to the public model by CUDA IPC, which gpu_matrix.py
+# showed working on the H200).
 # Exit status: 0 when every requested stage passed, 1 otherwise (the summary names them).
 set -uo pipefail
 
@@ -243,7 +244,7 @@ stage_video() {
     local wan=models/wan2.1-t2v-1.3b-random
     "$PY" scripts/build_full_size_random.py --family wan-t2v --out "$wan" --device "$DEVICE" --if-missing \
         --text-encoder-layers "${VIDEO_TEXT_ENCODER_LAYERS:-24}" || return $?
-    DITSERVE_CUDA_POOL_BYTES="${DITSERVE_CUDA_POOL_BYTES:-1073741824}" "$PY" perf/video_transport.py \
+    "$PY" perf/video_transport.py \
         --deployment configs/wan2.1-t2v-1.3b-random.toml --steps "${VIDEO_STEPS:-2}" --reps "${VIDEO_REPS:-3}" \
         --out "$OUT/video_transport.json" --log "$OUT/video_server.log"
     local rc=$?
@@ -272,7 +273,7 @@ stage_i2v() {
         { cat "$deployment"; echo "media_on_host = true"; } > "$WORK/i2v-media-on-host.toml"
         deployment="$WORK/i2v-media-on-host.toml"
     fi
-    DITSERVE_CUDA_POOL_BYTES="${DITSERVE_CUDA_POOL_BYTES:-1073741824}" "$PY" perf/video_transport.py \
+    "$PY" perf/video_transport.py \
         --deployment "$deployment" \
         --frames "${I2V_FRAMES:-81}" --height "${I2V_HEIGHT:-480}" --width "${I2V_WIDTH:-832}" \
         --image-size "${I2V_HEIGHT:-480}x${I2V_WIDTH:-832}" --steps "${I2V_STEPS:-2}" --guidance 5.0 \

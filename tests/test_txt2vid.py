@@ -8,6 +8,8 @@ cross a rounding boundary.
 from __future__ import annotations
 
 
+import queue
+
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -87,6 +89,34 @@ def test_raw_requests_get_no_mp4(wan_server):
     with grpcclient.InferenceServerClient(wan_server.grpc_url) as client:
         result = client.infer("txt2vid", grpc_inputs(video("x", num_inference_steps=2)))
     assert result.as_numpy("video").shape == (9, 64, 64, 3) and result.as_numpy("video_mp4") is None
+
+
+def stream_outputs(url: str, request: GenerationRequest, names: list[str]) -> list[set[str]]:
+    """The output names of every response to one streamed request that asks for `names`."""
+    responses: queue.Queue = queue.Queue()
+    with grpcclient.InferenceServerClient(url) as client:
+        client.start_stream(callback=lambda result, error: responses.put((result, error)))
+        client.async_stream_infer(STREAM, grpc_inputs(request),
+                                  outputs=[grpcclient.InferRequestedOutput(n) for n in names])
+        seen = []
+        while True:
+            result, error = responses.get(timeout=120)
+            assert error is None, error
+            response = result.get_response()
+            seen.append({output.name for output in response.outputs})
+            if "video" in seen[-1]:
+                client.stop_stream()
+                return seen
+
+
+@pytest.mark.parametrize("names", [["video"], ["video", "progress"], ["progress", "seed", "video"]])
+def test_streamed_responses_carry_only_the_requested_outputs(wan_server, names):
+    # An output the client did not ask for crashes the 2.51 stub on a CUDA host when a
+    # decoupled model sends it (perf/results/2026-11-29-h200-gpu-matrix.md).
+    seen = stream_outputs(wan_server.grpc_url, video("only what was asked", num_inference_steps=3), names)
+    progress = seen[:-1]
+    assert seen[-1] == set(names) - {"progress"}
+    assert progress == ([{"progress"}] * 3 if "progress" in names else [])
 
 
 def test_cancel_mid_video_frees_state_and_never_decodes(wan_server):

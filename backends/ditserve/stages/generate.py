@@ -62,6 +62,13 @@ def io_specs(deployment: Deployment) -> tuple[tuple[TensorSpec, ...], tuple[Tens
     return inputs, tuple(outputs)
 
 
+def requested_outputs(request) -> set[str]:
+    """The outputs the client asked for (all when it named none). A decoupled response must
+    carry no others: on a CUDA host the 2.51 stub segfaults sending one the client did not
+    request (perf/results/2026-11-29-h200-wan-video-transport.md)."""
+    return set(request.requested_output_names()) or {"image", "video", "video_mp4", "seed", "progress"}
+
+
 class StageError(RuntimeError):
     """A stage failed; the message starts with the stage's name."""
 
@@ -140,7 +147,10 @@ class GenerateStage:
 
     def _serve_stream(self, request) -> None:
         sender = request.get_response_sender()
-        response = self._respond(request, lambda progress: sender.send(pb_utils.InferenceResponse([progress])))
+        wanted = requested_outputs(request)
+        on_progress = (lambda progress: sender.send(pb_utils.InferenceResponse([progress]))) \
+            if "progress" in wanted else None
+        response = self._respond(request, on_progress)
         try:
             sender.send(response, flags=FINAL)
         except Exception as exc:  # never leave a stream without its final response
@@ -168,7 +178,8 @@ class GenerateStage:
         try:
             self.faults.at("output", [Subject(params.prompt, params.height)])
             seed = pb_utils.Tensor("seed", np.array([params.seed], dtype=np.int64))
-            response = pb_utils.InferenceResponse([*outputs, seed])
+            wanted = requested_outputs(request)
+            response = pb_utils.InferenceResponse([t for t in (*outputs, seed) if t.name() in wanted])
         except Exception as exc:
             self.metrics.failed.increment(1)
             return error_response(f"output: could not build the final response: {type(exc).__name__}: {exc}")
@@ -285,7 +296,10 @@ class GenerateStage:
         bls = _bls("vae_decode", [latents], ["media"])
         (decoded,) = self.stubs.call("vae_decode", lambda: [bls.exec()])
         decoded = _checked(decoded, "vae_decode")
-        return to_torch(pb_utils.get_output_tensor_by_name(decoded, "media"))[0]
+        media = to_torch(pb_utils.get_output_tensor_by_name(decoded, "media"))[0]
+        # A GPU tensor that arrived through BLS is memory another process owns (CUDA IPC);
+        # the final response gets one this stub owns (a device copy, ~50 us for 97 MB).
+        return media.clone() if media.is_cuda else media
 
     @staticmethod
     def _mp4(video, fps: int):
