@@ -74,12 +74,21 @@ def _toml_value(v) -> str:
     raise TypeError(f"cannot write {type(v).__name__} to TOML")
 
 
+def _is_table_array(v) -> bool:
+    return isinstance(v, list) and bool(v) and all(isinstance(x, dict) for x in v)
+
+
 def dump_toml(data: dict) -> str:
-    """Tables of scalars and lists (what a deployment holds); nested tables are not needed."""
+    """Tables of scalars and lists, and arrays of tables (`[[faults.rules]]`): what a
+    deployment holds."""
     lines = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
     for name, table in data.items():
         if isinstance(table, dict):
-            lines += ["", f"[{name}]"] + [f"{k} = {_toml_value(v)}" for k, v in table.items()]
+            lines += ["", f"[{name}]"] + [f"{k} = {_toml_value(v)}" for k, v in table.items()
+                                          if not _is_table_array(v)]
+            for key, rows in ((k, v) for k, v in table.items() if _is_table_array(v)):
+                for row in rows:
+                    lines += ["", f"[[{name}.{key}]]"] + [f"{k} = {_toml_value(v)}" for k, v in row.items()]
     return "\n".join(lines).lstrip() + "\n"
 
 

@@ -58,6 +58,7 @@ def test_shipped_deployments_enable_no_fault():
     ({"point": "output", "action": "nan"}, ["action='nan'", "raise"]),
     ({"point": "decode", "action": "raise", "marker": "x"}, ["never sees the prompt", "height"]),
     ({"point": "denoise", "action": "sleep"}, ["seconds > 0"]),
+    ({"point": "denoise", "action": "sleep", "seconds": 0.1, "seconds_per_row": -0.05}, ["neither negative"]),
     ({"point": "denoise", "action": "raise", "when": "always"}, ["unknown keys", "when"]),
 ])
 def test_bad_rules_are_rejected_at_load(rule, words):
@@ -72,6 +73,16 @@ def test_a_misspelt_section_is_rejected(tmp_path):
     (tmp_path / "typo.toml").write_text(base + '\n[fault]\nrules = [{ point = "denoise", action = "raise" }]\n')
     with pytest.raises(ValueError, match=r"unknown sections \['fault'\]"):
         load_deployment(tmp_path / "typo.toml")
+
+
+def test_sleep_scales_with_the_selected_rows(monkeypatch):
+    slept = []
+    monkeypatch.setattr("ditserve.faults.time.sleep", slept.append)
+    faults = FaultInjector([FaultRule("denoise", "sleep", seconds=0.015, seconds_per_row=0.021),
+                            FaultRule("decode", "sleep", height=64, seconds_per_row=0.087)])
+    faults.at("denoise", [Subject("a"), Subject("b"), Subject("c")])
+    faults.at("decode", [Subject(height=64), Subject(height=32), Subject(height=64)])
+    assert slept == [pytest.approx(0.015 + 3 * 0.021), pytest.approx(2 * 0.087)]
 
 
 def test_injector_selects_by_marker_and_height_and_poisons_only_those_rows():

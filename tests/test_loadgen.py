@@ -75,3 +75,16 @@ def test_loadgen_smoke_against_server(server):
     assert set(report["solo_latency_ms"]) == {"64x64-5steps-cfg"}  # the cancelled shape has no solo run needed
     assert report["mean_step_batch_size"] >= 1 and report["stage_mean_ms"]["denoise"] > 0
     assert report["server_rss_mb_peak"] > 0
+
+
+def test_matched_control_keeps_a_deployments_fault_rules(tmp_path):
+    # Its mode variants must carry [[faults.rules]] over: the H200-timing deployment is made of them.
+    sys.path.insert(0, str(ROOT / "perf"))
+    import matched_control
+    base = ROOT / "perf" / "deployments" / "tiny-pixart-sigma-h200-timing.toml"
+    path, capacity = matched_control.write_mode_deployment(base, "request_batch", None, tmp_path / "variant.toml")
+    sys.path.insert(0, str(ROOT / "backends"))
+    from ditserve.deployment import load_deployment
+    original, variant = load_deployment(base), load_deployment(path)
+    assert variant.engine.mode == "request_batch" and capacity == original.engine.capacity == 8
+    assert variant.faults == original.faults and len(variant.faults.rules) == 3

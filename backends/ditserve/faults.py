@@ -10,10 +10,14 @@ fires at one named point of the pipeline for the requests it selects:
     height = 0                   # requests of this image height (0 = any)
     step = 0                     # only at this denoise step, 1-based (0 = any; denoise/scheduler_step only)
     seconds = 0.0                # how long `sleep` sleeps
+    seconds_per_row = 0.0        # `sleep` also sleeps this long per selected row (request or image)
 
 `raise` fails the whole call that contains a selected request (a batched forward fails
 for every row in it, as a real exception would); `sleep` stalls it; `nan` poisons only the
-selected requests' rows with NaN, which the stages must detect. The stages call
+selected requests' rows with NaN, which the stages must detect. A `sleep` of `seconds +
+seconds_per_row x rows` also lets a tiny CPU pipeline keep a GPU's per-step and per-image
+timings (perf/deployments/tiny-pixart-sigma-h200-timing.toml), to reproduce timing-dependent
+behaviour without the GPU. The stages call
 `FaultInjector.at(point, subjects, values)` once per point; with no rules it returns at once.
 """
 from __future__ import annotations
@@ -58,6 +62,7 @@ class FaultRule:
     height: int = 0
     step: int = 0
     seconds: float = 0.0
+    seconds_per_row: float = 0.0
 
     def __post_init__(self):
         if self.point not in POINTS:
@@ -70,8 +75,10 @@ class FaultRule:
                              "select by height")
         if self.step and self.point not in STEPPED:
             raise ValueError(f"[faults] rule at {self.point!r} cannot select a step; only {sorted(STEPPED)} can")
-        if self.action == "sleep" and self.seconds <= 0:
-            raise ValueError(f"[faults] sleep rule at {self.point!r} needs seconds > 0")
+        if self.action == "sleep" and (self.seconds < 0 or self.seconds_per_row < 0
+                                       or self.seconds + self.seconds_per_row <= 0):
+            raise ValueError(f"[faults] sleep rule at {self.point!r} needs seconds > 0 or seconds_per_row > 0 "
+                             f"(neither negative)")
 
     def selects(self, subject: Subject) -> bool:
         return ((not self.marker or self.marker in subject.prompt)
@@ -123,7 +130,7 @@ class FaultInjector:
             if not rows:
                 continue
             if rule.action == "sleep":
-                time.sleep(rule.seconds)
+                time.sleep(rule.seconds + rule.seconds_per_row * len(rows))
             elif rule.action == "raise":
                 raise InjectedFault(f"injected fault: {rule.describe()}")
             elif rule.action == "nan" and values is not None:
