@@ -5,6 +5,10 @@
 #
 # Stages, run in the order given (default: all = env build baseline smoke control):
 #   env       GPU, versions, tools, disk; fails early if something the rest needs is missing
+#   matrix    perf/gpu_matrix.py: every public model of the tiny pipelines on the GPU (gRPC,
+#             streaming, a requested-output subset, 3 concurrent streams, CUDA shm, a 97 MB
+#             video) -> $OUT/gpu_matrix.json, $OUT/gpu_matrix_logs.tgz (not in `all`; ~3 min;
+#             run it first: it shows in minutes whether the served path works on this GPU)
 #   build     scripts/build_full_size_random.py --if-missing
 #             -> models/pixart-sigma-1024-random (~11 GB; git-ignored; ~1 min)
 #   baseline  perf/raw_gpu_baseline.py: plain diffusers, 1024x1024, 20 steps, guidance 4.5,
@@ -240,6 +244,12 @@ sys.exit(0 if report["ok"] else 1)
 EOF
 }
 
+stage_matrix() {
+    "$PY" scripts/build_tiny_pipelines.py > "$WORK/build_tiny.log" 2>&1 || { tail -20 "$WORK/build_tiny.log"; return 1; }
+    "$PY" perf/gpu_matrix.py --variants default,watch_on --request-timeout-s 60 --deadline-s "$(( $(remaining) - 90 ))" \
+        --out "$OUT/gpu_matrix.json" --logs "$OUT/gpu_matrix_logs.tgz"
+}
+
 stage_video() {
     local wan=models/wan2.1-t2v-1.3b-random
     "$PY" scripts/build_full_size_random.py --family wan-t2v --out "$wan" --device "$DEVICE" --if-missing \
@@ -371,6 +381,16 @@ if s:
         print(f"- {c['n']} concurrent: wall {c['wall_ms']} ms; per request ms {[q.get('ms') for q in c['requests']]}")
     if "error" in s:
         print(f"- error: {s['error'][:500]}")
+m = load("gpu_matrix.json")
+if m:
+    print(f"\n## GPU functional matrix ({m.get('gpu')}, torch {m.get('torch')})\n")
+    print("| deployment | variant | result | failing cases |\n|---|---|---|---|")
+    for run in m.get("runs", []):
+        bad = [f"{k}: {(c.get('error') or 'check failed')[:80]}" for k, c in (run.get("cases") or {}).items()
+               if not c.get("ok")]
+        state = run.get("skipped") or ("ok" if run.get("ok") else "FAILED")
+        print(f"| {run.get('deployment')} | {run.get('variant')} | {state} | "
+              f"{'; '.join(bad) or run.get('error', '')[:120]} |")
 v = load("i2v_stage_times.json")
 if v:
     ib = load("i2v_build_info.json") or {}
@@ -408,15 +428,15 @@ main() {
     for s in "${stages[@]}"; do
         case "$s" in
             all) expanded+=(env build baseline smoke control) ;;
-            env|build|baseline|smoke|control|video|i2v) expanded+=("$s") ;;
+            env|matrix|build|baseline|smoke|control|video|i2v) expanded+=("$s") ;;
             -h|--help) awk 'NR > 1 && /^#/ {print; next} NR > 1 {exit}' "$0"; return 0 ;;
-            *) echo "unknown stage: $s (env|build|baseline|smoke|control|video|i2v|all)"; return 2 ;;
+            *) echo "unknown stage: $s (env|matrix|build|baseline|smoke|control|video|i2v|all)"; return 2 ;;
         esac
     done
     mkdir -p "$WORK"
     export REPO_ROOT PY OUT DEADLINE_S DEPLOYMENT MODEL_DIR DEVICE SIZE STEPS WORK START_EPOCH
     export -f log remaining model_ready stage_env stage_build stage_baseline stage_smoke stage_control collect_control \
-        stage_video stage_i2v
+        stage_matrix stage_video stage_i2v
     log "stages: ${expanded[*]} (deadline ${DEADLINE_S}s)"
     for s in "${expanded[@]}"; do
         case "$s" in
@@ -425,6 +445,7 @@ main() {
             baseline) ensure_model baseline && run_timed baseline 120 stage_baseline ;;
             smoke) ensure_model smoke && run_timed smoke 150 stage_smoke ;;
             control) ensure_model control && run_timed control 200 stage_control ;;
+            matrix) run_timed matrix 150 stage_matrix ;;
             video) run_timed video 240 stage_video ;;
             i2v) run_timed i2v 300 stage_i2v ;;
         esac

@@ -177,3 +177,34 @@ def test_internal_models_called_directly_enforce_the_same_limits(server):
     client.stop_stream()
     client.close()
     assert error is None and "height" in result.as_numpy("error").reshape(-1)[0].decode()
+
+
+def _direct_dit(url: str, height: int, outputs: list[str]) -> list:
+    """Stream one request straight to `dit` asking for `outputs`; every (result, error) until the final one."""
+    import queue
+
+    params = {"prompt": "a cat", "negative_prompt": "", "height": height, "width": 64, "num_inference_steps": 3,
+              "guidance_scale": 4.5, "seed": 1, "seed_was_drawn": False}
+    inputs = [_tensor(grpcclient, "embeds", np.zeros((1, 2, 300, 32), np.float32), "FP32"),
+              _tensor(grpcclient, "mask", np.ones((1, 2, 300), np.int64), "INT64"),
+              _tensor(grpcclient, "params", np.array([[json.dumps(params).encode()]], np.object_), "BYTES")]
+    responses: queue.Queue = queue.Queue()
+    seen = []
+    with grpcclient.InferenceServerClient(url) as client:
+        client.start_stream(callback=lambda result, error: responses.put((result, error)))
+        client.async_stream_infer("dit", inputs, outputs=[grpcclient.InferRequestedOutput(n) for n in outputs],
+                                  enable_empty_final_response=True)
+        while True:
+            result, error = responses.get(timeout=60)
+            seen.append((result, error))
+            if error is not None or result.get_response().parameters["triton_final_response"].bool_param:
+                client.stop_stream()
+                return seen
+
+
+def test_a_direct_dit_client_gets_only_the_outputs_it_asked_for(server):
+    # Asked for latents only: no progress responses, and a failure comes as an error response.
+    seen = _direct_dit(server.grpc_url, 64, ["latents"])
+    assert [e for _, e in seen] == [None] and {o.name for o in seen[0][0].get_response().outputs} == {"latents"}
+    (_, error), = _direct_dit(server.grpc_url, 4096, ["latents"])
+    assert error is not None and "height" in error.message()

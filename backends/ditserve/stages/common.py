@@ -85,5 +85,12 @@ def input_numpy(request, name: str) -> np.ndarray | None:
     return None if tensor is None else tensor.as_numpy()
 
 
+def requested_outputs(request, declared) -> set[str]:
+    """The outputs the client asked for (all `declared` ones when it named none). A
+    decoupled model's response must carry no others: on a CUDA host the 2.51 stub segfaults
+    sending one the client did not request (perf/results/2026-11-29-h200-gpu-matrix.md)."""
+    return set(request.requested_output_names()) or set(declared)
+
+
 def error_response(message: str, code=pb_utils.TritonError.INTERNAL):
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))

@@ -26,7 +26,7 @@ from ..engine import StepEngine
 from ..faults import injector
 from ..schema import GenerationParams, check_params
 from ..state import TextConditioning
-from .common import TensorSpec, declare, input_numpy, stage_deployment, to_pb, to_torch
+from .common import TensorSpec, declare, error_response, input_numpy, requested_outputs, stage_deployment, to_pb, to_torch
 from .metrics import DitMetrics
 
 INPUTS = (
@@ -36,7 +36,9 @@ INPUTS = (
 )
 # A request that cannot finish ends with an `error` output, not an error response:
 # Triton 2.51 loses error responses of a decoupled model on the BLS path (the caller
-# would wait forever), while data responses arrive.
+# would wait forever), while data responses arrive. Responses carry only the outputs the
+# request asked for (common.requested_outputs): a direct client that did not ask for
+# `error` gets an error response, and one that did not ask for `progress` no progress.
 OUTPUTS = (
     TensorSpec("progress", "TYPE_INT32", (2,)),
     TensorSpec("error", "TYPE_STRING", (1,)),
@@ -51,6 +53,7 @@ def task_specs(config) -> tuple[TensorSpec, ...]:
     latents = TensorSpec("latents", "TYPE_FP32", (-1,) * (4 if deployment.is_video else 3))
     return (latents,), tuple(TensorSpec(name, "TYPE_FP32", (-1,) * rank, optional=True)
                              for name, rank in TASK_CONDITIONING.get(deployment.task, ()))
+OUTPUT_NAMES = ("progress", "error", "latents")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 CANCELLED = "cancelled by the client"
 
@@ -139,13 +142,15 @@ class DitStage:
         self.metrics.active.set(len(active))
         for key, request in active:
             state = self.engine.table[key]
+            wanted = requested_outputs(request, OUTPUT_NAMES)
             progress = to_pb("progress", torch.tensor([[state.step_index, state.total_steps]], dtype=torch.int32))
             sender = request.get_response_sender()
             if state.done:
                 latents = to_pb("latents", state.latents.float().cpu())
                 self._release(key)
-                sender.send(pb_utils.InferenceResponse([progress, latents]), flags=FINAL)
-            else:
+                sender.send(pb_utils.InferenceResponse([t for t in (progress, latents) if t.name() in wanted]),
+                            flags=FINAL)
+            elif "progress" in wanted:
                 sender.send(pb_utils.InferenceResponse([progress]))
         self.metrics.state_table.set(len(self.engine))
 
@@ -159,8 +164,12 @@ class DitStage:
     def _end(self, request, key: str, error: str) -> None:
         """The one terminal response of a request that did not finish."""
         self._release(key)
-        message = pb_utils.Tensor("error", np.array([[error.encode("utf-8")]], dtype=np.object_))
-        request.get_response_sender().send(pb_utils.InferenceResponse([message]), flags=FINAL)
+        if "error" in requested_outputs(request, OUTPUT_NAMES):
+            message = pb_utils.Tensor("error", np.array([[error.encode("utf-8")]], dtype=np.object_))
+            response = pb_utils.InferenceResponse([message])
+        else:
+            response = error_response(error)
+        request.get_response_sender().send(response, flags=FINAL)
 
     def _release(self, key: str) -> None:
         self.engine.release(key)

@@ -28,7 +28,8 @@ from ..cancellation import CancelRegistry
 from ..deployment import TASK_CONDITIONING, Deployment
 from ..faults import Subject, injector
 from ..schema import IMAGE_INPUT, TASK_INPUTS, GenerationParams, InvalidRequest, decode_image, decode_request
-from .common import TensorSpec, declare, error_response, input_numpy, media_dims, stage_deployment, to_pb, to_torch
+from .common import (TensorSpec, declare, error_response, input_numpy, media_dims, requested_outputs, stage_deployment,
+                     to_pb, to_torch)
 from .liveness import StubDied, StubWatch
 from .metrics import GenerateMetrics
 
@@ -60,13 +61,6 @@ def io_specs(deployment: Deployment) -> tuple[tuple[TensorSpec, ...], tuple[Tens
         outputs.append(TensorSpec("video_mp4", "TYPE_STRING", (1,)))
     outputs += [TensorSpec("seed", "TYPE_INT64", (1,)), TensorSpec("progress", "TYPE_INT32", (2,))]
     return inputs, tuple(outputs)
-
-
-def requested_outputs(request) -> set[str]:
-    """The outputs the client asked for (all when it named none). A decoupled response must
-    carry no others: on a CUDA host the 2.51 stub segfaults sending one the client did not
-    request (perf/results/2026-11-29-h200-wan-video-transport.md)."""
-    return set(request.requested_output_names()) or {"image", "video", "video_mp4", "seed", "progress"}
 
 
 class StageError(RuntimeError):
@@ -125,6 +119,7 @@ class GenerateStage:
                              f"task is {task}: render the repository for it (python scripts/render_repository.py "
                              f"--deployment {self.deployment.source} --out DIR) and serve that")
         self.inputs = [spec.name for spec in TASK_INPUTS[task]]
+        self.output_names = [spec.name for spec in io_specs(self.deployment)[1]]
         self.streaming = pb_utils.using_decoupled_model_transaction_policy(model_config)
         self.cancels = CancelRegistry()
         self.metrics = GenerateMetrics(args["model_name"])
@@ -147,7 +142,7 @@ class GenerateStage:
 
     def _serve_stream(self, request) -> None:
         sender = request.get_response_sender()
-        wanted = requested_outputs(request)
+        wanted = requested_outputs(request, self.output_names)
         on_progress = (lambda progress: sender.send(pb_utils.InferenceResponse([progress]))) \
             if "progress" in wanted else None
         response = self._respond(request, on_progress)
@@ -178,7 +173,7 @@ class GenerateStage:
         try:
             self.faults.at("output", [Subject(params.prompt, params.height)])
             seed = pb_utils.Tensor("seed", np.array([params.seed], dtype=np.int64))
-            wanted = requested_outputs(request)
+            wanted = requested_outputs(request, self.output_names)
             response = pb_utils.InferenceResponse([t for t in (*outputs, seed) if t.name() in wanted])
         except Exception as exc:
             self.metrics.failed.increment(1)
