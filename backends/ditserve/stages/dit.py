@@ -53,7 +53,9 @@ def task_specs(config) -> tuple[TensorSpec, ...]:
     latents = TensorSpec("latents", "TYPE_FP32", (-1,) * (4 if deployment.is_video else 3))
     return (latents,), tuple(TensorSpec(name, "TYPE_FP32", (-1,) * rank, optional=True)
                              for name, rank in TASK_CONDITIONING.get(deployment.task, ()))
-OUTPUT_NAMES = ("progress", "error", "latents")
+
+
+OUTPUT_NAMES = tuple(spec.name for spec in OUTPUTS) + ("latents",)
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 CANCELLED = "cancelled by the client"
 
