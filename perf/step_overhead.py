@@ -17,7 +17,10 @@ measures the interval between consecutive progress responses, and the server's
 the per-step overhead: Triton rescheduling, the Python backend's IPC, the progress response.
 The embeddings are padded along the sequence axis (the tiny transformer attends to any
 length, the mask marks the padding) to the byte size of the real models' embeddings, and the
-same runs are made with the real tiny size. Both sizes alternate, so drift hits both alike.
+same runs are made with the real tiny size. Each size runs twice: `inline` (the embeddings in
+the request, as a direct client of `dit` sends them) and `handoff` (written to the server's
+conditioning store first, as the public models do: ditserve/handoff.py). The four runs
+alternate, so drift hits all alike.
 """
 from __future__ import annotations
 
@@ -29,15 +32,18 @@ import statistics
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import numpy as np
+import torch
 import tritonclient.grpc as grpcclient
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "backends"))
 sys.path.insert(0, str(ROOT / "perf"))
 from ditserve.deployment import load_deployment  # noqa: E402
+from ditserve.handoff import ConditioningStore, default_root  # noqa: E402
 from ditserve.launcher import ServerOptions, TritonServer, free_ports  # noqa: E402
 from loadgen import histogram_mean, scrape  # noqa: E402
 from machine import machine_info, server_version  # noqa: E402
@@ -49,20 +55,25 @@ def tensor(name: str, value: np.ndarray, dtype: str):
     return t
 
 
-def one_generation(url: str, seq_len: int, width: int, steps: int) -> list[float]:
-    """Seconds between consecutive progress responses of one generation of `steps` steps."""
+def one_generation(url: str, seq_len: int, width: int, steps: int, handoff: ConditioningStore | None) -> list[float]:
+    """Seconds between consecutive progress responses of one generation of `steps` steps;
+    the embeddings travel in the request, or (`handoff`) out of band as the public models send them."""
     params = {"prompt": "overhead", "negative_prompt": "", "height": 64, "width": 64, "num_inference_steps": steps,
               "guidance_scale": 4.5, "seed": 1, "seed_was_drawn": False}
-    mask = np.zeros((1, 2, seq_len), np.int64)
+    embeds, mask = np.zeros((1, 2, seq_len, width), np.float32), np.zeros((1, 2, seq_len), np.int64)
     mask[..., :8] = 1
-    inputs = [tensor("embeds", np.zeros((1, 2, seq_len, width), np.float32), "FP32"),
-              tensor("mask", mask, "INT64"),
-              tensor("params", np.array([[json.dumps(params).encode()]], np.object_), "BYTES")]
+    inputs = [tensor("params", np.array([[json.dumps(params).encode()]], np.object_), "BYTES")]
+    request_id = uuid.uuid4().hex
+    if handoff is None:
+        inputs += [tensor("embeds", embeds, "FP32"), tensor("mask", mask, "INT64")]
+    else:
+        handoff.put(request_id, {"embeds": torch.from_numpy(embeds[0]), "mask": torch.from_numpy(mask[0])})
     arrivals: queue.Queue = queue.Queue()
     with grpcclient.InferenceServerClient(url) as client:
         client.start_stream(callback=lambda result, error: arrivals.put((time.perf_counter(), result, error)))
-        client.async_stream_infer("dit", inputs, outputs=[grpcclient.InferRequestedOutput("progress"),
-                                                          grpcclient.InferRequestedOutput("latents")])
+        client.async_stream_infer("dit", inputs, request_id=request_id,
+                                  outputs=[grpcclient.InferRequestedOutput("progress"),
+                                           grpcclient.InferRequestedOutput("latents")])
         times = []
         while len(times) < steps:
             at, result, error = arrivals.get(timeout=120)
@@ -85,43 +96,43 @@ def main() -> int:
 
     deployment = load_deployment(args.deployment)
     base_len = deployment.model.max_sequence_length
-    import torch
     from diffusers import PixArtTransformer2DModel
     width = PixArtTransformer2DModel.from_pretrained(deployment.model_location(), subfolder="transformer").config[
         "caption_channels"]
-    del torch
     big_len = int(args.target_mb * 1e6 / (2 * width * 4))
     sizes = {"tiny": base_len, "padded": big_len}
+    ways = ("inline", "handoff")
     print(f"[step_overhead] embeds [2, L, {width}] fp32: tiny L={base_len} "
           f"({2 * base_len * width * 4 / 1e6:.3f} MB), padded L={big_len} ({2 * big_len * width * 4 / 1e6:.1f} MB)")
     http, grpc, metrics = free_ports(3)
     log = Path(tempfile.gettempdir()) / "step_overhead.server.log"
     server = TritonServer(ServerOptions(model_repository=ROOT / "model_repository", http_port=http, grpc_port=grpc,
                                         metrics_port=metrics, deployment=args.deployment), log_path=log)
-    rows = {name: {"intervals_ms": [], "step_ms": []} for name in sizes}
+    runs = [(size, way) for size in sizes for way in ways]
+    rows = {f"{size}/{way}": {"intervals_ms": [], "step_ms": []} for size, way in runs}
     with server:
         server.wait_ready(timeout_s=180)
         version = server_version(server.grpc_url)
-        for name, seq_len in sizes.items():  # warm-up, excluded
-            one_generation(server.grpc_url, seq_len, width, 3)
+        handoff = ConditioningStore(default_root(server.process.pid))
+        for size, way in runs:  # warm-up, excluded
+            one_generation(server.grpc_url, sizes[size], width, 3, handoff if way == "handoff" else None)
         for rep in range(args.reps):
-            for name, seq_len in sizes.items():
+            for size, way in runs:
                 before = scrape(server.metrics_url)
-                intervals = one_generation(server.grpc_url, seq_len, width, args.steps)
+                intervals = one_generation(server.grpc_url, sizes[size], width, args.steps,
+                                           handoff if way == "handoff" else None)
                 after = scrape(server.metrics_url)
-                rows[name]["intervals_ms"] += [1000 * v for v in intervals]
-                rows[name]["step_ms"].append(1000 * histogram_mean(before, after, "ditserve_step_duration_seconds",
-                                                                   "dit"))
-                print(f"[step_overhead] rep {rep + 1}/{args.reps} {name}: median interval "
+                row = rows[f"{size}/{way}"]
+                row["intervals_ms"] += [1000 * v for v in intervals]
+                row["step_ms"].append(1000 * histogram_mean(before, after, "ditserve_step_duration_seconds", "dit"))
+                print(f"[step_overhead] rep {rep + 1}/{args.reps} {size}/{way}: median interval "
                       f"{statistics.median(intervals) * 1000:.2f} ms", flush=True)
     summary = {}
-    for name, row in rows.items():
+    for (size, way), (name, row) in zip(runs, rows.items()):
         interval, step = statistics.median(row["intervals_ms"]), statistics.median(row["step_ms"])
-        summary[name] = {"seq_len": sizes[name], "embeds_mb": round(2 * sizes[name] * width * 4 / 1e6, 3),
+        summary[name] = {"seq_len": sizes[size], "embeds_mb": round(2 * sizes[size] * width * 4 / 1e6, 3),
                          "median_interval_ms": round(interval, 3), "median_step_ms": round(step, 3),
                          "overhead_ms": round(interval - step, 3)}
-    summary["padded_minus_tiny_overhead_ms"] = round(summary["padded"]["overhead_ms"] - summary["tiny"]["overhead_ms"],
-                                                     3)
     report = {"command": " ".join(sys.argv), "machine": machine_info(version), "platform": platform.platform(),
               "summary": summary, "raw": rows}
     args.out.write_text(json.dumps(report, indent=2) + "\n")

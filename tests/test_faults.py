@@ -8,8 +8,6 @@ stage never sees the prompt), so one start covers them all.
 """
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,9 +15,11 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from conftest import ROOT, start_server
+from ditserve.cancellation import default_root as cancel_root
 from ditserve.client import DitClient, GenerationRequest
 from ditserve.deployment import load_deployment
 from ditserve.faults import FaultInjector, FaultRule, InjectedFault, Subject, parse_rules
+from ditserve.handoff import default_root as handoff_root
 from helpers import StreamCall, grpc_inputs, scrape, wait_for_metric
 from test_modes import write_deployment
 from test_txt2img import assert_matches
@@ -245,8 +245,8 @@ def _run_fault_case(server, peer_reference, prompt, height, protocol, timeout_us
     assert delta("ditserve_requests_failed_total") == affected, "exactly one failure per affected request"
     assert delta("ditserve_requests_completed_total", "txt2img_stream") == 1, "the peer, and only the peer"
     assert delta("ditserve_requests_completed_total", "txt2img") == 0
-    cancel_dir = Path(tempfile.gettempdir()) / f"ditserve-{server.process.pid}" / "cancel"
-    assert not list(cancel_dir.glob("*")), "no cancellation flag left behind"
+    assert not list(cancel_root(server.process.pid).glob("*")), "no cancellation flag left behind"
+    assert not list(handoff_root(server.process.pid).glob("*")), "no handed-over conditioning left behind"
     with grpcclient.InferenceServerClient(server.grpc_url) as health:
         assert health.is_server_ready() and all(health.is_model_ready(m) for m in
                                                   ("txt2img", "txt2img_stream", "text_encoder", "dit", "vae_decode"))

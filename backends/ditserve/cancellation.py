@@ -10,29 +10,19 @@ step boundary — a few stat() calls — and clears a flag when the request ends
 """
 from __future__ import annotations
 
-import os
-import re
-import shutil
 import tempfile
-import time
 from pathlib import Path
 
-_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+from .scratch import GenerationFiles, server_dir
 
 
-def default_root() -> Path:
-    return Path(tempfile.gettempdir()) / f"ditserve-{os.getppid()}" / "cancel"
+def default_root(server_pid: int | None = None) -> Path:
+    return server_dir(Path(tempfile.gettempdir()), server_pid) / "cancel"
 
 
-class CancelRegistry:
+class CancelRegistry(GenerationFiles):
     def __init__(self, root: Path | None = None):
-        self.root = root or default_root()
-        self.root.mkdir(parents=True, exist_ok=True)
-
-    def _path(self, request_id: str) -> Path:
-        if not _ID.match(request_id):
-            raise ValueError(f"request id {request_id!r} is not a safe flag name")
-        return self.root / request_id
+        super().__init__(root or default_root())
 
     def cancel(self, request_id: str) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -43,19 +33,4 @@ class CancelRegistry:
 
     def clear(self, request_id: str) -> None:
         """Idempotent: cancel, timeout and error may all end the same request."""
-        self._path(request_id).unlink(missing_ok=True)
-
-    def collect_garbage(self, max_age_s: float) -> int:
-        """Drop flags whose request never reached dit (e.g. it failed first)."""
-        now, dropped = time.time(), 0
-        for flag in self.root.iterdir():
-            try:
-                if now - flag.stat().st_mtime > max_age_s:
-                    flag.unlink(missing_ok=True)
-                    dropped += 1
-            except FileNotFoundError:
-                pass
-        return dropped
-
-    def remove_all(self) -> None:
-        shutil.rmtree(self.root.parent, ignore_errors=True)
+        self.discard(request_id)

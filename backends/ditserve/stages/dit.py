@@ -24,14 +24,17 @@ from ..cancellation import CancelRegistry
 from ..deployment import TASK_CONDITIONING
 from ..engine import StepEngine
 from ..faults import injector
+from ..handoff import ConditioningStore
 from ..schema import GenerationParams, check_params
 from ..state import TextConditioning
 from .common import TensorSpec, declare, error_response, input_numpy, requested_outputs, stage_deployment, to_pb, to_torch
 from .metrics import DitMetrics
 
+# The public models hand `embeds` and `mask` (and a task's conditioning) over out of band
+# (handoff.py) so they do not travel again at every step; a direct client sends them here.
 INPUTS = (
-    TensorSpec("embeds", "TYPE_FP32", (-1, -1, -1)),
-    TensorSpec("mask", "TYPE_INT64", (-1, -1)),
+    TensorSpec("embeds", "TYPE_FP32", (-1, -1, -1), optional=True),
+    TensorSpec("mask", "TYPE_INT64", (-1, -1), optional=True),
     TensorSpec("params", "TYPE_STRING", (1,)),
 )
 # A request that cannot finish ends with an `error` output, not an error response:
@@ -83,6 +86,7 @@ class DitStage:
         adapter = adapter_for(self.deployment.model.family)(self.deployment, "dit", instance_device(args))
         self.engine = StepEngine(adapter, injector(self.deployment, "dit"))
         self.cancels = CancelRegistry()
+        self.handoff = ConditioningStore()
         self.metrics = DitMetrics(args["model_name"])
 
     def execute(self, requests):
@@ -110,15 +114,20 @@ class DitStage:
     def _admit(self, request, key: str) -> None:
         params = GenerationParams.from_json(input_numpy(request, "params").reshape(-1)[0])
         check_params(params, self.deployment)  # dit is reachable directly too: same limits as the public models
-        embeds = to_torch(pb_utils.get_input_tensor_by_name(request, "embeds"))[0]
-        mask = to_torch(pb_utils.get_input_tensor_by_name(request, "mask"))[0]
-        extra = {}
-        for name, _ in TASK_CONDITIONING.get(self.deployment.task, ()):
-            tensor = pb_utils.get_input_tensor_by_name(request, name)
-            if tensor is None:
-                raise ValueError(f"input '{name}' is required for {self.deployment.task} (vae_encode makes it)")
-            extra[name] = to_torch(tensor)[0]
-        self.engine.admit(key, params, TextConditioning(embeds, mask, extra=extra))
+        names = ["embeds", "mask", *(name for name, _ in TASK_CONDITIONING.get(self.deployment.task, ()))]
+        sent = {name: pb_utils.get_input_tensor_by_name(request, name) for name in names}
+        if sent["embeds"] is None:  # from a public model: handed over out of band
+            try:
+                tensors = self.handoff.take(key)
+            except KeyError as exc:
+                raise ValueError(f"inputs {names} are required: {exc.args[0]}") from None
+        else:  # a direct client: in the request, with a batch dim of 1
+            missing = [name for name, tensor in sent.items() if tensor is None]
+            if missing:
+                raise ValueError(f"inputs {missing} are required for {self.deployment.task} (with {names[0]})")
+            tensors = {name: to_torch(tensor)[0] for name, tensor in sent.items()}
+        extra = {name: tensors[name] for name in names[2:]}
+        self.engine.admit(key, params, TextConditioning(tensors["embeds"], tensors["mask"], extra=extra))
 
     def _step(self, active: list) -> None:
         """One denoise step for every active request; finished ones get their final response."""
@@ -184,8 +193,10 @@ class DitStage:
             self.cancels.clear(key)
             self.metrics.garbage.increment(1)
         self.cancels.collect_garbage(idle)
+        self.handoff.collect_garbage(idle)
         self.metrics.state_table.set(len(self.engine))
 
     def finalize(self) -> None:
         self.engine.table.clear()
         self.cancels.remove_all()
+        self.handoff.remove_all()

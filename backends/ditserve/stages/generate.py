@@ -27,6 +27,7 @@ import triton_python_backend_utils as pb_utils
 from ..cancellation import CancelRegistry
 from ..deployment import TASK_CONDITIONING, Deployment
 from ..faults import Subject, injector
+from ..handoff import ConditioningStore
 from ..schema import IMAGE_INPUT, TASK_INPUTS, GenerationParams, InvalidRequest, decode_image, decode_request
 from .common import (TensorSpec, declare, error_response, input_numpy, media_dims, requested_outputs, stage_deployment,
                      to_pb, to_torch)
@@ -122,6 +123,7 @@ class GenerateStage:
         self.output_names = [spec.name for spec in io_specs(self.deployment)[1]]
         self.streaming = pb_utils.using_decoupled_model_transaction_policy(model_config)
         self.cancels = CancelRegistry()
+        self.handoff = ConditioningStore()
         self.metrics = GenerateMetrics(args["model_name"])
         self.model_name = args["model_name"]
         self.faults = injector(self.deployment, self.model_name)
@@ -190,10 +192,11 @@ class GenerateStage:
         if conditioned:
             decode_image(input_numpy(request, "image"), self.deployment)
         deadline = Deadline(request, arrival)
-        encoded = self._timed("encode", self._encode, request, deadline, params)
-        extra = self._timed("condition", self._condition, request, deadline, request, params) if conditioned else []
-        latents = self._timed("denoise", self._denoise, request, deadline, request, params,
-                              [*encoded.output_tensors(), *extra], on_progress, arrival, deadline)
+        conditioning = self._timed("encode", self._encode, request, deadline, params)
+        if conditioned:
+            conditioning.update(self._timed("condition", self._condition, request, deadline, request, params))
+        latents = self._timed("denoise", self._denoise, request, deadline, request, params, conditioning,
+                              on_progress, arrival, deadline)
         media = self._timed("decode", self._decode, request, deadline, latents)
         outputs = [to_pb(media_output(self.deployment), media)]
         if params.output_format == "mp4":
@@ -221,21 +224,23 @@ class GenerateStage:
             raise deadline.error(f"{model}: after {time.monotonic() - start:.3f} s in the stage")
         return result
 
-    def _encode(self, params: GenerationParams):
+    def _encode(self, params: GenerationParams) -> dict[str, torch.Tensor]:
+        """The generation's `embeds` [rows, L, D] and `mask` [rows, L] (rows: negative, prompt)."""
         texts = [params.negative_prompt, params.prompt] if params.do_cfg else [params.prompt]
         text = pb_utils.Tensor("text", np.array([[t.encode("utf-8") for t in texts]], dtype=np.object_))
         bls = _bls("text_encoder", [text], ["embeds", "mask"])
         (response,) = self.stubs.call("text_encoder", lambda: [bls.exec()])
-        return _checked(response, "text_encoder")
+        response = _checked(response, "text_encoder")
+        return {name: to_torch(pb_utils.get_output_tensor_by_name(response, name))[0] for name in ("embeds", "mask")}
 
-    def _condition(self, request, params: GenerationParams) -> list:
-        """img2vid: vae_encode turns the input image into dit's conditioning inputs (batch dim added)."""
+    def _condition(self, request, params: GenerationParams) -> dict[str, torch.Tensor]:
+        """img2vid: vae_encode turns the input image into dit's conditioning tensors."""
         names = [name for name, _ in TASK_CONDITIONING[self.deployment.task]]
         bls = _bls("vae_encode", [pb_utils.get_input_tensor_by_name(request, "image"),
                                   self._params_tensor(params, batched=False)], names)
         (response,) = self.stubs.call("vae_encode", lambda: [bls.exec()])
         response = _checked(response, "vae_encode")
-        return [to_pb(name, to_torch(pb_utils.get_output_tensor_by_name(response, name))[None]) for name in names]
+        return {name: to_torch(pb_utils.get_output_tensor_by_name(response, name)) for name in names}
 
     @staticmethod
     def _params_tensor(params: GenerationParams, batched: bool = True):
@@ -244,12 +249,22 @@ class GenerateStage:
         value = np.array([params.to_json().encode()], dtype=np.object_)
         return pb_utils.Tensor("params", value[None] if batched else value)
 
-    def _denoise(self, request, params: GenerationParams, inputs: list, on_progress: Callable | None,
-                 arrival: float, deadline: Deadline):
+    def _denoise(self, request, params: GenerationParams, conditioning: dict[str, torch.Tensor],
+                 on_progress: Callable | None, arrival: float, deadline: Deadline):
+        """Hand the conditioning to dit out of band (handoff.py: dit gets the same request
+        back at every step, and with it any input it carries), then run the denoise loop."""
+        dit_id = uuid.uuid4().hex
+        self.handoff.put(dit_id, conditioning)
+        try:
+            return self._stream_dit(request, params, dit_id, on_progress, arrival, deadline)
+        finally:
+            self.handoff.discard(dit_id)  # dit took it at admission, unless it never got there
+
+    def _stream_dit(self, request, params: GenerationParams, dit_id: str, on_progress: Callable | None,
+                    arrival: float, deadline: Deadline):
         """Stream dit's per-step responses; to stop early (client cancel, timeout, a progress
         response that cannot be sent), flag dit and drain to its end, then raise why."""
-        dit_id = uuid.uuid4().hex
-        dit = _bls("dit", [*inputs, self._params_tensor(params)], ["progress", "latents", "error"], request_id=dit_id)
+        dit = _bls("dit", [self._params_tensor(params)], ["progress", "latents", "error"], request_id=dit_id)
         first_step, latents, stop, done = None, None, None, 0
 
         for response in self.stubs.call("dit", lambda: dit.exec(decoupled=True)):

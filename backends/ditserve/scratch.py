@@ -1,0 +1,55 @@
+"""Per-generation files shared by the stub processes of one server, out of band of Triton.
+
+The public models and `dit` run in separate stub processes whose common parent is
+tritonserver, so a directory named for that parent is private to the server. One file per
+generation, named by its id (the `dit` request id); entries whose generation never came
+back are collected by age. Users: cancellation flags (cancellation.py) and the conditioning
+handoff (handoff.py).
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+
+_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+
+
+def server_dir(base: Path, server_pid: int | None = None) -> Path:
+    """`base/ditserve_server-<tritonserver pid>`: shared by every stub of this server, no
+    other. A stub's server is its parent; a tool outside the server passes the server's pid.
+    (Not `ditserve-...`: that prefix names the clients' shared-memory regions, ditserve/shm.py.)"""
+    return base / f"ditserve_server-{server_pid or os.getppid()}"
+
+
+class GenerationFiles:
+    def __init__(self, root: Path):
+        self.root = root
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, key: str) -> Path:
+        if not _ID.match(key):
+            raise ValueError(f"generation id {key!r} is not a safe file name")
+        return self.root / key
+
+    def discard(self, key: str) -> None:
+        """Idempotent: cancel, timeout and error may all end the same generation."""
+        self._path(key).unlink(missing_ok=True)
+
+    def collect_garbage(self, max_age_s: float) -> int:
+        """Remove entries older than `max_age_s` (their generation never came back); returns how many."""
+        now, dropped = time.time(), 0
+        for entry in self.root.iterdir():
+            try:
+                if now - entry.stat().st_mtime > max_age_s:
+                    entry.unlink(missing_ok=True)
+                    dropped += 1
+            except FileNotFoundError:
+                pass
+        return dropped
+
+    def remove_all(self) -> None:
+        """The server's whole directory (at unload)."""
+        shutil.rmtree(self.root.parent, ignore_errors=True)
