@@ -180,16 +180,20 @@ class TritonServer:
         return self
 
     def wait_ready(self, timeout_s: float = 180.0, progress: bool = False) -> None:
-        """Poll `/v2/health/ready`; fail fast with the log tail if the process dies."""
+        """Poll `/v2/health/ready`, then `/metrics` (Triton starts the metrics service a few
+        ms after HTTP reports ready); fail fast with the log tail if the process dies."""
         deadline = time.monotonic() + timeout_s
-        url = f"http://{self.http_url}/v2/health/ready"
+        pending = [f"http://{self.http_url}/v2/health/ready", self.metrics_url]
         while time.monotonic() < deadline:
             if self.process and self.process.poll() is not None:
                 raise RuntimeError(f"tritonserver exited with code {self.process.returncode}\n{self.log_tail()}")
             try:
-                with urllib.request.urlopen(url, timeout=2) as r:
+                with urllib.request.urlopen(pending[0], timeout=2) as r:
                     if r.status == 200:
-                        return
+                        pending.pop(0)
+                        if not pending:
+                            return
+                        continue
             except OSError:
                 pass
             if progress:
