@@ -51,23 +51,21 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "backends"))
 from ditserve.client import DitClient, GenerationRequest  # noqa: E402
-from ditserve.deployment import TASK_CONDITIONING, load_deployment  # noqa: E402
+from ditserve.deployment import TASK_CONDITIONING, load_deployment, write_variant  # noqa: E402
 from ditserve.launcher import ServerOptions, TritonServer, free_ports  # noqa: E402
 
 DEPLOYMENTS = ("configs/tiny-pixart-sigma.toml", "configs/tiny-wan-t2v.toml", "configs/tiny-wan-i2v.toml")
-VARIANTS = {"default": "", "watch_on": 'watch_stubs = "on"', "host_media": "media_on_host = true"}
+VARIANTS = {"default": {}, "watch_on": {"watch_stubs": "on"}, "host_media": {"media_on_host": True}}
 # A stub's death first (faulthandler's block), then the stacks SIGUSR1 asked for on a failure.
 FATAL_MARKERS = ("Fatal Python error", "Segmentation fault", "Aborted", "is not healthy", "Current thread")
 
 
 def variant_file(deployment: str, variant: str, work: Path) -> str:
-    """The deployment with the variant's [engine] line appended ([engine] is the last section)."""
+    """The deployment with the variant's [engine] keys replaced."""
     if not VARIANTS[variant]:
         return deployment
     path = work / f"{Path(deployment).stem}-{variant}.toml"
-    path.write_text((ROOT / deployment).read_text() + "\n" + VARIANTS[variant] + "\n")
-    engine = load_deployment(path).engine
-    assert (engine.watch_stubs == "on") if variant == "watch_on" else engine.media_on_host, path
+    write_variant(ROOT / deployment, path, VARIANTS[variant], "perf/gpu_matrix.py")
     return str(path)
 
 
@@ -140,12 +138,7 @@ def run_cases(server: TritonServer, deployment, request_timeout_s: float) -> dic
         responses: queue.Queue = queue.Queue()
         with grpcclient.InferenceServerClient(url) as client:
             client.start_stream(callback=lambda result, error: responses.put((result, error)))
-            inputs = []
-            for name, value, dtype in solo.tensors():
-                tensor = grpcclient.InferInput(name, list(value.shape), dtype)
-                tensor.set_data_from_numpy(value)
-                inputs.append(tensor)
-            client.async_stream_infer(f"{task}_stream", inputs, outputs=[
+            client.async_stream_infer(f"{task}_stream", solo.infer_inputs(grpcclient), outputs=[
                 grpcclient.InferRequestedOutput(n) for n in (media_name, "progress")])
             names = []
             while True:

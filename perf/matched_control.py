@@ -38,12 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "backends"))
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
-
-from ditserve.deployment import ENGINE_MODES, load_deployment  # noqa: E402
+from ditserve.deployment import ENGINE_MODES, load_deployment, write_variant  # noqa: E402
 from ditserve.launcher import ServerOptions, TritonServer, free_ports  # noqa: E402
 from machine import fence, machine_info, machine_label, server_version  # noqa: E402
 
@@ -62,50 +57,14 @@ DEFAULT_TRACE = "perf/traces/tiny_mixed_v1.jsonl"
 
 # ---- deployments -------------------------------------------------------------------------
 
-def _toml_value(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)  # a JSON string is a valid TOML basic string
-    if isinstance(v, list):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    raise TypeError(f"cannot write {type(v).__name__} to TOML")
-
-
-def _is_table_array(v) -> bool:
-    return isinstance(v, list) and bool(v) and all(isinstance(x, dict) for x in v)
-
-
-def dump_toml(data: dict) -> str:
-    """Tables of scalars and lists, and arrays of tables (`[[faults.rules]]`): what a
-    deployment holds."""
-    lines = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
-    for name, table in data.items():
-        if isinstance(table, dict):
-            lines += ["", f"[{name}]"] + [f"{k} = {_toml_value(v)}" for k, v in table.items()
-                                          if not _is_table_array(v)]
-            for key, rows in ((k, v) for k, v in table.items() if _is_table_array(v)):
-                for row in rows:
-                    lines += ["", f"[[{name}.{key}]]"] + [f"{k} = {_toml_value(v)}" for k, v in row.items()]
-    return "\n".join(lines).lstrip() + "\n"
-
-
 def write_mode_deployment(base: Path, mode: str, capacity: int | None, out: Path) -> tuple[Path, int]:
     """The base deployment with [engine] mode (and capacity) replaced; returns (path, capacity)."""
     if mode not in ENGINE_MODES:
         raise SystemExit(f"unknown mode {mode!r}; choose from {ENGINE_MODES}")
-    data = tomllib.loads(base.read_text())
-    engine = dict(data.get("engine", {}))
-    engine["mode"] = mode
-    cap = capacity if capacity is not None else int(engine.get("capacity", 1))
-    engine["capacity"] = 1 if mode == "serial" else cap
-    data["engine"] = engine
-    out.write_text(f"# {mode} variant of {base.relative_to(ROOT) if base.is_relative_to(ROOT) else base} "
-                   f"(written by perf/matched_control.py)\n" + dump_toml(data))
-    load_deployment(out)  # fail early on anything the server would reject
-    return out, engine["capacity"]
+    cap = capacity if capacity is not None else load_deployment(base).engine.capacity
+    variant = write_variant(base, out, {"mode": mode, "capacity": 1 if mode == "serial" else cap},
+                            "perf/matched_control.py")
+    return out, variant.engine.capacity
 
 
 def render_repository(deployment: Path, out: Path) -> None:

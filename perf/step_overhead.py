@@ -97,7 +97,7 @@ def main() -> int:
     deployment = load_deployment(args.deployment)
     base_len = deployment.model.max_sequence_length
     from diffusers import PixArtTransformer2DModel
-    width = PixArtTransformer2DModel.from_pretrained(deployment.model_location(), subfolder="transformer").config[
+    width = PixArtTransformer2DModel.load_config(deployment.model_location(), subfolder="transformer")[
         "caption_channels"]
     big_len = int(args.target_mb * 1e6 / (2 * width * 4))
     sizes = {"tiny": base_len, "padded": big_len}

@@ -101,11 +101,7 @@ def one_request(url: str, model: str, request: GenerationRequest, transport: str
     client = grpcclient.InferenceServerClient(url)
     responses: queue.Queue = queue.Queue()
     client.start_stream(callback=lambda result, error: responses.put((time.perf_counter(), result, error)))
-    inputs = []
-    for name, value, dtype in request.tensors():
-        tensor = grpcclient.InferInput(name, list(value.shape), dtype)
-        tensor.set_data_from_numpy(value)
-        inputs.append(tensor)
+    inputs = request.infer_inputs(grpcclient)
     names = ["video", "progress"] + (["video_mp4"] if request.output_format == "mp4" else [])
     outputs = [grpcclient.InferRequestedOutput(n) for n in names]
     region = None

@@ -13,12 +13,7 @@ from ditserve.client import MEDIA_OUTPUT, GenerationRequest
 
 
 def grpc_inputs(request: GenerationRequest) -> list:
-    inputs = []
-    for name, value, dtype in request.tensors():
-        tensor = grpcclient.InferInput(name, list(value.shape), dtype)
-        tensor.set_data_from_numpy(value)
-        inputs.append(tensor)
-    return inputs
+    return request.infer_inputs(grpcclient)
 
 
 @dataclass
@@ -154,3 +149,11 @@ def run_staggered(url: str, requests: list[GenerationRequest], task: str = "txt2
         if i < len(requests) - 1:
             calls[-1].wait_progress(wait_steps)
     return [call.finish() for call in calls]
+
+
+def run_staggered_batched(server, requests: list[GenerationRequest], task: str) -> list[tuple[list, object]]:
+    """`run_staggered`, and check that at least one dit forward held more than one request."""
+    shared_before = histogram_above(server.metrics_url, "ditserve_step_batch_size", "dit", "1")
+    results = run_staggered(server.grpc_url, requests, task=task)
+    assert histogram_above(server.metrics_url, "ditserve_step_batch_size", "dit", "1") > shared_before
+    return results

@@ -4,6 +4,7 @@ costs no model work, and leaves the server ready for the next request."""
 from __future__ import annotations
 
 import json
+import queue
 
 import numpy as np
 import pytest
@@ -151,6 +152,28 @@ def test_request_timeout_is_a_deadline_naming_the_stage(server):
     assert "timeout of 0.2 s expired" in message
 
 
+def _direct_dit(url: str, height: int, outputs: list[str] | None) -> list:
+    """Stream one request straight to `dit` asking for `outputs` (None: name none, so all come);
+    every (result, error) until the final one."""
+    params = {"prompt": "a cat", "negative_prompt": "", "height": height, "width": 64, "num_inference_steps": 3,
+              "guidance_scale": 4.5, "seed": 1, "seed_was_drawn": False}
+    inputs = [_tensor(grpcclient, "embeds", np.zeros((1, 2, 300, 32), np.float32), "FP32"),
+              _tensor(grpcclient, "mask", np.ones((1, 2, 300), np.int64), "INT64"),
+              _tensor(grpcclient, "params", np.array([[json.dumps(params).encode()]], np.object_), "BYTES")]
+    responses: queue.Queue = queue.Queue()
+    seen = []
+    with grpcclient.InferenceServerClient(url) as client:
+        client.start_stream(callback=lambda result, error: responses.put((result, error)))
+        requested = None if outputs is None else [grpcclient.InferRequestedOutput(n) for n in outputs]
+        client.async_stream_infer("dit", inputs, outputs=requested, enable_empty_final_response=True)
+        while True:
+            result, error = responses.get(timeout=60)
+            seen.append((result, error))
+            if error is not None or result.get_response().parameters["triton_final_response"].bool_param:
+                client.stop_stream()
+                return seen
+
+
 def test_internal_models_called_directly_enforce_the_same_limits(server):
     """text_encoder, dit and vae_decode are reachable by any client of the server: they check too."""
     with grpcclient.InferenceServerClient(server.grpc_url) as client:
@@ -162,44 +185,8 @@ def test_internal_models_called_directly_enforce_the_same_limits(server):
         with pytest.raises(InferenceServerException, match="decode to 2048x2048"):
             client.infer("vae_decode", [_tensor(grpcclient, "latents", np.zeros((1, 4, 256, 256), np.float32),
                                                 "FP32")])
-    params = {"prompt": "a cat", "negative_prompt": "", "height": 4096, "width": 64, "num_inference_steps": 5,
-              "guidance_scale": 4.5, "seed": 1, "seed_was_drawn": False}
-    inputs = [_tensor(grpcclient, "embeds", np.zeros((1, 2, 300, 32), np.float32), "FP32"),
-              _tensor(grpcclient, "mask", np.ones((1, 2, 300), np.int64), "INT64"),
-              _tensor(grpcclient, "params", np.array([[json.dumps(params).encode()]], np.object_), "BYTES")]
-    import queue
-
-    responses: queue.Queue = queue.Queue()
-    client = grpcclient.InferenceServerClient(server.grpc_url)
-    client.start_stream(callback=lambda result, error: responses.put((result, error)))
-    client.async_stream_infer("dit", inputs)
-    result, error = responses.get(timeout=60)
-    client.stop_stream()
-    client.close()
+    (result, error), = _direct_dit(server.grpc_url, 4096, None)
     assert error is None and "height" in result.as_numpy("error").reshape(-1)[0].decode()
-
-
-def _direct_dit(url: str, height: int, outputs: list[str]) -> list:
-    """Stream one request straight to `dit` asking for `outputs`; every (result, error) until the final one."""
-    import queue
-
-    params = {"prompt": "a cat", "negative_prompt": "", "height": height, "width": 64, "num_inference_steps": 3,
-              "guidance_scale": 4.5, "seed": 1, "seed_was_drawn": False}
-    inputs = [_tensor(grpcclient, "embeds", np.zeros((1, 2, 300, 32), np.float32), "FP32"),
-              _tensor(grpcclient, "mask", np.ones((1, 2, 300), np.int64), "INT64"),
-              _tensor(grpcclient, "params", np.array([[json.dumps(params).encode()]], np.object_), "BYTES")]
-    responses: queue.Queue = queue.Queue()
-    seen = []
-    with grpcclient.InferenceServerClient(url) as client:
-        client.start_stream(callback=lambda result, error: responses.put((result, error)))
-        client.async_stream_infer("dit", inputs, outputs=[grpcclient.InferRequestedOutput(n) for n in outputs],
-                                  enable_empty_final_response=True)
-        while True:
-            result, error = responses.get(timeout=60)
-            seen.append((result, error))
-            if error is not None or result.get_response().parameters["triton_final_response"].bool_param:
-                client.stop_stream()
-                return seen
 
 
 def test_a_direct_dit_client_gets_only_the_outputs_it_asked_for(server):

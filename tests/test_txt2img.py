@@ -67,11 +67,7 @@ def test_unary_model_answers_a_grpc_stream_with_one_response(server):
     """`txt2img` is not decoupled, so a streaming gRPC client gets exactly one response."""
     responses: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(server.grpc_url)
-    inputs = []
-    for name, value, dtype in GenerationRequest("a boat", seed=5, num_inference_steps=3).tensors():
-        tensor = grpcclient.InferInput(name, list(value.shape), dtype)
-        tensor.set_data_from_numpy(value)
-        inputs.append(tensor)
+    inputs = GenerationRequest("a boat", seed=5, num_inference_steps=3).infer_inputs(grpcclient)
     client.start_stream(callback=lambda result, error: responses.put((result, error)))
     client.async_stream_infer("txt2img", inputs)
     result, error = responses.get(timeout=120)

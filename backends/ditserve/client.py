@@ -73,6 +73,15 @@ class GenerationRequest:
         return out
 
 
+    def infer_inputs(self, module) -> list:
+        """The request as `module.InferInput`s (`module`: tritonclient.grpc or tritonclient.http)."""
+        inputs = []
+        for name, value, triton_type in self.tensors():
+            tensor = module.InferInput(name, list(value.shape), triton_type)
+            tensor.set_data_from_numpy(value)
+            inputs.append(tensor)
+        return inputs
+
     def media_bytes(self) -> int:
         """Size of the raw media output, to size a shared-memory region."""
         if self.height is None or self.width is None:
@@ -109,14 +118,6 @@ class DitClient:
         self._client = module.InferenceServerClient(url, network_timeout=600.0) if protocol == "http" \
             else module.InferenceServerClient(url)
         self.pool = OutputRegionPool(self._client, shm, shm_device) if shm else None
-
-    def _inputs(self, request: GenerationRequest) -> list:
-        inputs = []
-        for name, value, triton_type in request.tensors():
-            tensor = self._module.InferInput(name, list(value.shape), triton_type)
-            tensor.set_data_from_numpy(value)
-            inputs.append(tensor)
-        return inputs
 
     def _outputs(self, request: GenerationRequest, region=None, byte_size: int = 0) -> list:
         names = [self.media_name, "seed"]
@@ -165,13 +166,13 @@ class DitClient:
         """The final result object and the number of progress responses seen."""
         if self.protocol != "grpc-stream":
             kwargs = {"client_timeout": timeout_s} if timeout_s and self.protocol == "grpc" else {}
-            return self._client.infer(self.model, self._inputs(request), outputs=outputs, **kwargs), 0
+            return self._client.infer(self.model, request.infer_inputs(self._module), outputs=outputs, **kwargs), 0
         responses: queue.Queue = queue.Queue()
         self._client.start_stream(callback=lambda result, error: responses.put((result, error)),
                                   stream_timeout=timeout_s)
         steps = 0
         try:
-            self._client.async_stream_infer(f"{self.model}_stream", self._inputs(request), outputs=outputs,
+            self._client.async_stream_infer(f"{self.model}_stream", request.infer_inputs(self._module), outputs=outputs,
                                             request_id=uuid.uuid4().hex)
             while True:
                 result, error = responses.get(timeout=timeout_s)

@@ -6,6 +6,7 @@ stage reads `DITSERVE_DEPLOYMENT` (set by `scripts/serve.py`) or falls back to t
 """
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -155,3 +156,42 @@ def load_deployment(path: str | os.PathLike | None = None) -> Deployment:
     if dep.engine.capacity < 1:
         raise ValueError(f"deployment [engine] capacity={dep.engine.capacity}; must be >= 1")
     return dep
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)  # a JSON string is a valid TOML basic string
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"cannot write {type(v).__name__} to TOML")
+
+
+def _is_table_array(v) -> bool:
+    return isinstance(v, list) and bool(v) and all(isinstance(x, dict) for x in v)
+
+
+def dump_toml(data: dict) -> str:
+    """Tables of scalars and lists, and arrays of tables (`[[faults.rules]]`): what a
+    deployment holds."""
+    lines = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
+    for name, table in data.items():
+        if isinstance(table, dict):
+            lines += ["", f"[{name}]"] + [f"{k} = {_toml_value(v)}" for k, v in table.items()
+                                          if not _is_table_array(v)]
+            for key, rows in ((k, v) for k, v in table.items() if _is_table_array(v)):
+                for row in rows:
+                    lines += ["", f"[[{name}.{key}]]"] + [f"{k} = {_toml_value(v)}" for k, v in row.items()]
+    return "\n".join(lines).lstrip() + "\n"
+
+
+def write_variant(base: Path, out: Path, engine: dict, writer: str) -> Deployment:
+    """Write `base` with the given [engine] keys replaced to `out` (perf tools serve such
+    variants side by side); returns it loaded, so anything the server would reject fails here."""
+    data = tomllib.loads(Path(base).read_text())
+    data["engine"] = {**data.get("engine", {}), **engine}
+    out.write_text(f"# variant of {base} with [engine] {engine} (written by {writer})\n" + dump_toml(data))
+    return load_deployment(out)
