@@ -28,8 +28,8 @@ On a host without CUDA the CUDA cases are skipped (recorded as such), so the mat
 on CPU: tests/test_gpu_matrix.py keeps it from rotting.
 
 Variants (`--variants`): `default` (the deployment as written), `watch_on` ([engine]
-watch_stubs = "on": BLS from the liveness helper thread) and `host_media` ([engine]
-media_on_host = true). `--variants-on-failure` runs the non-default variants only for a
+watch_stubs = "on": BLS from the liveness helper thread) and `gpu_media` ([engine]
+media_on_host = false: decoded media handed between stubs on the GPU). `--variants-on-failure` runs the non-default variants only for a
 deployment whose default run failed.
 """
 from __future__ import annotations
@@ -55,7 +55,7 @@ from ditserve.deployment import TASK_CONDITIONING, load_deployment, write_varian
 from ditserve.launcher import ServerOptions, TritonServer, free_ports  # noqa: E402
 
 DEPLOYMENTS = ("configs/tiny-pixart-sigma.toml", "configs/tiny-wan-t2v.toml", "configs/tiny-wan-i2v.toml")
-VARIANTS = {"default": {}, "watch_on": {"watch_stubs": "on"}, "host_media": {"media_on_host": True}}
+VARIANTS = {"default": {}, "watch_on": {"watch_stubs": "on"}, "gpu_media": {"media_on_host": False}}
 # A stub's death first (faulthandler's block), then the stacks SIGUSR1 asked for on a failure.
 FATAL_MARKERS = ("Fatal Python error", "Segmentation fault", "Aborted", "is not healthy", "Current thread")
 
@@ -227,7 +227,7 @@ def run_one(deployment_path: str, variant: str, work: Path, request_timeout_s: f
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--deployments", default=",".join(DEPLOYMENTS))
-    parser.add_argument("--variants", default="default,watch_on,host_media")
+    parser.add_argument("--variants", default="default,watch_on,gpu_media")
     parser.add_argument("--variants-on-failure", action="store_true",
                         help="run the non-default variants only where the default failed")
     parser.add_argument("--deadline-s", type=float, default=420, help="start no new server after this many s")

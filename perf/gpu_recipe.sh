@@ -42,7 +42,8 @@
 # server log tails included), build_info.json, raw_baseline.json, server_smoke.json,
 # summary.md, control_all.tgz and up to two control_*.json/md.
 #
-# Env knobs: RECIPE_DEADLINE_S (default 530: stages that would start too late are skipped,
+# Env knobs: MATRIX_VARIANTS (default,watch_on; gpu_media adds [engine] media_on_host = false),
+# RECIPE_DEADLINE_S (default 530: stages that would start too late are skipped,
 # running ones are stopped with SIGINT so their partial output is kept; leaves room for
 # `source .gpu/env.sh` inside the device's 600 s), PYTHON (default python3),
 # BASELINE_RUNS (5), BASELINE_WARMUP (1), BASELINE_BATCHES (1,2,4,8), BASELINE_BATCH_RUNS (2),
@@ -50,12 +51,11 @@
 # VIDEO_STEPS (2), VIDEO_REPS (3), VIDEO_TEXT_ENCODER_LAYERS (24 = real),
 # I2V_STEPS (2), I2V_REPS (1), I2V_TRANSPORTS (grpc,system), I2V_TEXT_ENCODER_LAYERS (24 = real),
 # I2V_TRANSFORMER_LAYERS (40 = real; fewer cut only the transformer's depth: per-step time
-# scales with it, the other stages keep their real cost), I2V_MEDIA_ON_HOST (0; 1 serves a copy
-# of the deployment with [engine] media_on_host = true), I2V_BUILD (1; 0 skips the build) and,
+# scales with it, the other stages keep their real cost), I2V_MEDIA_ON_HOST (1; 0 serves a
+# copy of the deployment with [engine] media_on_host = false), I2V_BUILD (1; 0 skips the build) and,
 # for a CPU dry run of the plumbing only, I2V_DEPLOYMENT / I2V_FRAMES / I2V_HEIGHT / I2V_WIDTH,
-# and DITSERVE_CUDA_POOL_BYTES (Python-backend CUDA pool; unset = Triton's 64 MB: a 97 MB
-# video then crosses from vae_decode to the public model by CUDA IPC, which gpu_matrix.py
-# showed working on the H200).
+# and DITSERVE_CUDA_POOL_BYTES (Python-backend CUDA pool; unset = Triton's 64 MB; it matters
+# only with media_on_host = false, where a 97 MB video crosses from vae_decode by CUDA IPC).
 # Exit status: 0 when every requested stage passed, 1 otherwise (the summary names them).
 set -uo pipefail
 
@@ -246,7 +246,7 @@ EOF
 
 stage_matrix() {
     "$PY" scripts/build_tiny_pipelines.py > "$WORK/build_tiny.log" 2>&1 || { tail -20 "$WORK/build_tiny.log"; return 1; }
-    "$PY" perf/gpu_matrix.py --variants default,watch_on --request-timeout-s 60 --deadline-s "$(( $(remaining) - 90 ))" \
+    "$PY" perf/gpu_matrix.py --variants "${MATRIX_VARIANTS:-default,watch_on}" --request-timeout-s 60 --deadline-s "$(( $(remaining) - 90 ))" \
         --out "$OUT/gpu_matrix.json" --logs "$OUT/gpu_matrix_logs.tgz"
 }
 
@@ -279,9 +279,9 @@ stage_i2v() {
         cp "$i2v/build_info.json" "$OUT/i2v_build_info.json"
     fi
     local deployment="${I2V_DEPLOYMENT:-configs/wan2.1-i2v-14b-480p-random.toml}"
-    if [[ "${I2V_MEDIA_ON_HOST:-0}" == 1 ]]; then  # [engine] is the config's last section
-        { cat "$deployment"; echo "media_on_host = true"; } > "$WORK/i2v-media-on-host.toml"
-        deployment="$WORK/i2v-media-on-host.toml"
+    if [[ "${I2V_MEDIA_ON_HOST:-1}" == 0 ]]; then  # [engine] is the config's last section
+        { cat "$deployment"; echo "media_on_host = false"; } > "$WORK/i2v-gpu-media.toml"
+        deployment="$WORK/i2v-gpu-media.toml"
     fi
     "$PY" perf/video_transport.py \
         --deployment "$deployment" \

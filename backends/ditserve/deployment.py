@@ -76,9 +76,12 @@ class EngineSection:
     # Public models watch the stubs they call so a dead stub fails requests instead of
     # hanging them (stages/liveness.py): "on", "off", or "auto" = on unless the model is on a GPU.
     watch_stubs: str = "auto"
-    # vae_decode hands media on to the public model on the GPU (zero-copy into a CUDA shm
-    # region) unless this is true; on the host for GPU-side diagnosis (perf/README.md).
-    media_on_host: bool = False
+    # vae_decode hands the decoded media to the public model on the host (true) or on the
+    # GPU (false). Host is the default: in Triton 2.51's Python backend a GPU tensor crossing
+    # stubs while decoupled BLS responses flow can hang the stubs for good (seen on the H200;
+    # the CUDA-pool handshake deadlock fixed upstream in python_backend PR #439). A client's
+    # CUDA shm region is still filled on the server; false is for newer Tritons (docs/compatibility.md).
+    media_on_host: bool = True
 
 
 @dataclass(frozen=True)
