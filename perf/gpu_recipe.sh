@@ -20,6 +20,11 @@
 #   control   perf/matched_control.py (request mode vs step batching on one workload)
 #             -> $OUT/control_* (time depends on CONTROL_RATE / CONTROL_N); an incomplete run
 #             leaves every stub's Python stacks in its server log (TritonServer.dump_stacks)
+#   soak      perf/soak.py on the PixArt deployment: measured saturation, then Poisson phases at
+#             0.5 / 0.9 / 1.3 x it for SOAK_PHASE_S s each, 512-1024px, 10-20 steps, 5 % cancels,
+#             2 % bad requests, 2 % injected faults; checks nothing is lost and records resource
+#             slopes -> $OUT/soak.json, $OUT/soak.md, $OUT/soak_server.log (not in `all`; ~5.5 min
+#             at SOAK_PHASE_S=60 plus the build)
 #   video     full-size Wan2.1-T2V-1.3B (random weights) -> models/wan2.1-t2v-1.3b-random
 #             (~14 GB), then perf/video_transport.py: one 81x480x832 video (97 MB) delivered by
 #             gRPC, system shm and CUDA shm, with stage accounting -> $OUT/video_transport.json
@@ -47,7 +52,8 @@
 # running ones are stopped with SIGINT so their partial output is kept; leaves room for
 # `source .gpu/env.sh` inside the device's 600 s), PYTHON (default python3),
 # BASELINE_RUNS (5), BASELINE_WARMUP (1), BASELINE_BATCHES (1,2,4,8), BASELINE_BATCH_RUNS (2),
-# SMOKE_CONCURRENT (4), CONTROL_RATE (0.6 req/s), CONTROL_N (24), CONTROL_ARGS (extra args),
+# SMOKE_CONCURRENT (4), SOAK_PHASE_S (60), SOAK_SIZES (512,768,1024), SOAK_STEPS (10-20),
+# CONTROL_RATE (0.6 req/s), CONTROL_N (24), CONTROL_ARGS (extra args),
 # VIDEO_STEPS (2), VIDEO_REPS (3), VIDEO_TEXT_ENCODER_LAYERS (24 = real),
 # I2V_STEPS (2), I2V_REPS (1), I2V_TRANSPORTS (grpc,system), I2V_TEXT_ENCODER_LAYERS (24 = real),
 # I2V_TRANSFORMER_LAYERS (40 = real; fewer cut only the transformer's depth: per-step time
@@ -265,6 +271,18 @@ stage_video() {
     return $rc
 }
 
+stage_soak() {
+    local soak="$WORK/soak"
+    "$PY" perf/soak.py --deployment "$DEPLOYMENT" --sizes "${SOAK_SIZES:-512,768,1024}" --steps "${SOAK_STEPS:-10-20}" \
+        --phase-seconds "${SOAK_PHASE_S:-60}" --saturation-seconds 20 --fault-rate 0.02 \
+        --request-timeout 120 --out "$soak"
+    local rc=$?
+    cp "$soak/soak.json" "$OUT/soak.json" 2>/dev/null
+    cp "$soak/soak.md" "$OUT/soak.md" 2>/dev/null
+    cp "$soak/server.log" "$OUT/soak_server.log" 2>/dev/null
+    return $rc
+}
+
 # Full-size Wan2.1 I2V: build (or reuse) the random-weight model, then one img2vid_stream request
 # per transport with the server's per-stage means. The build prints its own timings (init, sanity
 # forwards, save) and the report carries the server's start-up-free stage times.
@@ -428,15 +446,15 @@ main() {
     for s in "${stages[@]}"; do
         case "$s" in
             all) expanded+=(env build baseline smoke control) ;;
-            env|matrix|build|baseline|smoke|control|video|i2v) expanded+=("$s") ;;
+            env|matrix|build|baseline|smoke|control|soak|video|i2v) expanded+=("$s") ;;
             -h|--help) awk 'NR > 1 && /^#/ {print; next} NR > 1 {exit}' "$0"; return 0 ;;
-            *) echo "unknown stage: $s (env|matrix|build|baseline|smoke|control|video|i2v|all)"; return 2 ;;
+            *) echo "unknown stage: $s (env|matrix|build|baseline|smoke|control|soak|video|i2v|all)"; return 2 ;;
         esac
     done
     mkdir -p "$WORK"
     export REPO_ROOT PY OUT DEADLINE_S DEPLOYMENT MODEL_DIR DEVICE SIZE STEPS WORK START_EPOCH
     export -f log remaining model_ready stage_env stage_build stage_baseline stage_smoke stage_control collect_control \
-        stage_matrix stage_video stage_i2v
+        stage_matrix stage_soak stage_video stage_i2v
     log "stages: ${expanded[*]} (deadline ${DEADLINE_S}s)"
     for s in "${expanded[@]}"; do
         case "$s" in
@@ -445,6 +463,7 @@ main() {
             baseline) ensure_model baseline && run_timed baseline 120 stage_baseline ;;
             smoke) ensure_model smoke && run_timed smoke 150 stage_smoke ;;
             control) ensure_model control && run_timed control 200 stage_control ;;
+            soak) ensure_model soak && run_timed soak 300 stage_soak ;;
             matrix) run_timed matrix 150 stage_matrix ;;
             video) run_timed video 240 stage_video ;;
             i2v) run_timed i2v 300 stage_i2v ;;

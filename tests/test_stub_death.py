@@ -132,6 +132,15 @@ def test_dit_stub_death_fails_in_flight_requests_then_a_reload_recovers(explicit
 
     # 1. Each in-flight request gets exactly one error naming dit, within the bound.
     kind, message = stream.outcome(timeout=ERROR_BOUND_S)
+    if server.process.poll() is not None:
+        # Triton 2.51's own process sometimes aborts after a stub is SIGKILLed ("terminate called
+        # after throwing an instance of 'std::system_error'": once in ~10 runs here, once in CI).
+        # The client still got an error, not a hang; recovery is then a restart (docs/reliability.md).
+        tail = server.log_tail(60)
+        assert kind == "error" and "terminate called" in tail, (
+            f"tritonserver exited (status {server.process.returncode}) after the dit stub was killed; "
+            f"the stream got {kind}: {message!r}. Server log tail:\n{tail}")
+        pytest.xfail("tritonserver 2.51 itself aborted (std::system_error) after the dit stub was killed")
     assert kind == "error" and "dit" in message and "died" in message, message
     unary_thread.join(ERROR_BOUND_S)
     assert not unary_thread.is_alive(), "the unary request hung"
