@@ -302,7 +302,7 @@ class GenerateStage:
         return latents
 
     def _decode(self, latents):
-        """uint8 media of the one generation, on the device vae_decode made it on."""
+        """uint8 media of the one generation, where vae_decode handed it (the host by default)."""
         bls = _bls("vae_decode", [latents], ["media"])
         (decoded,) = self.stubs.call("vae_decode", lambda: [bls.exec()])
         decoded = _checked(decoded, "vae_decode")

@@ -1,4 +1,5 @@
-"""`text_encoder`: texts -> T5 embeddings + masks (dynamic batching, kept on the device).
+"""`text_encoder`: texts -> T5 embeddings + masks (dynamic batching; encoded on the device,
+returned on the host: GPU tensors crossing stubs stall Triton 2.51, see `_encode_batch`).
 
 A request carries the texts of one generation as `text` [1, rows] (rows = 2 with CFG:
 negative then prompt), so its outputs already have the shape `dit` takes.

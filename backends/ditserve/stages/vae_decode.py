@@ -1,5 +1,6 @@
 """`vae_decode`: latents -> uint8 `media` made on the device (dynamic batching):
-[H, W, 3] per image generation, [F, H, W, 3] per video generation.
+[H, W, 3] per image generation, [F, H, W, 3] per video generation. The media goes back on
+the host unless `[engine] media_on_host = false` (deployment.py says why).
 
 Triton's dynamic batcher only merges requests of equal shape, so a batch is one size.
 Progress never reaches this stage: only final latents do. A batch whose decode fails is
