@@ -440,6 +440,8 @@ def main() -> int:
                     help="latent height and width of the check (default: the real size on cuda, small on cpu)")
     ap.add_argument("--verify", action="store_true", help="reload with from_pretrained and run 1 step afterwards")
     ap.add_argument("--verify-size", type=int, default=256, help="image/frame side of the --verify step (default 256)")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="replace --out even when it holds files this script did not finish (no build_info.json)")
     ap.add_argument("--if-missing", action="store_true",
                     help="do nothing when --out already holds a finished build of the same family, shape and dtype")
     args = ap.parse_args()
@@ -452,6 +454,10 @@ def main() -> int:
         print("error: --device cuda but torch sees no GPU (use --device cpu for a reduced smoke)", file=sys.stderr)
         return 1
     out = Path(args.out)
+    if out.is_dir() and any(out.iterdir()) and not (out / "build_info.json").exists() and not args.overwrite:
+        print(f"error: {out} holds files but no build_info.json: another pipeline (e.g. a tiny one) or an "
+              f"interrupted build. Remove it, choose another --out, or pass --overwrite", file=sys.stderr)
+        return 1
     if args.if_missing and (out / "build_info.json").exists():
         prev = json.loads((out / "build_info.json").read_text())
         if (prev.get("family"), prev.get("dtype"), prev.get("text_encoder_layers"), prev.get("transformer_layers")) == (
