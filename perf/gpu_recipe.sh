@@ -171,25 +171,20 @@ stage_baseline() {
 stage_smoke() {
     "$PY" - "$DEPLOYMENT" "$WORK" "$OUT/server_smoke.json" "${SMOKE_CONCURRENT:-4}" "$SIZE" "$STEPS" <<'EOF'
 """Serve the full-size deployment once: start-up time, one solo and N concurrent 1024px requests."""
-import json, socket, subprocess, sys, threading, time, urllib.request
+import json, subprocess, sys, threading, time, urllib.request
 from pathlib import Path
 
 deployment, work, out_path, n_conc = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])
 size, steps = int(sys.argv[5]), int(sys.argv[6])
 sys.path[:0] = ["backends", "perf"]
-from ditserve.launcher import ServerOptions, TritonServer  # noqa: E402
+from ditserve.launcher import ServerOptions, TritonServer, free_ports  # noqa: E402
 from ditserve.client import DitClient, GenerationRequest  # noqa: E402
 import loadgen  # noqa: E402  (/metrics scraping)
 
 report = {"deployment": deployment, "ok": False}
 repo = work / "repo-random"
 subprocess.run([sys.executable, "scripts/render_repository.py", "--deployment", deployment, "--out", str(repo)], check=True)
-socks = [socket.socket() for _ in range(3)]
-for s in socks:
-    s.bind(("127.0.0.1", 0))
-http, grpc, metrics = (s.getsockname()[1] for s in socks)
-for s in socks:
-    s.close()
+http, grpc, metrics = free_ports(3)
 log_path = work / "server_smoke.log"
 server = TritonServer(ServerOptions(model_repository=repo, http_port=http, grpc_port=grpc, metrics_port=metrics,
                                     deployment=deployment), log_path=log_path)
@@ -310,8 +305,11 @@ stage_i2v() {
         cp "$i2v/build_info.json" "$OUT/i2v_build_info.json"
     fi
     local deployment="${I2V_DEPLOYMENT:-configs/wan2.1-i2v-14b-480p-random.toml}"
-    if [[ "${I2V_MEDIA_ON_HOST:-1}" == 0 ]]; then  # [engine] is the config's last section
-        { cat "$deployment"; echo "media_on_host = false"; } > "$WORK/i2v-gpu-media.toml"
+    if [[ "${I2V_MEDIA_ON_HOST:-1}" == 0 ]]; then
+        "$PY" -c 'import sys; from pathlib import Path; sys.path.insert(0, "backends")
+from ditserve.deployment import write_variant
+write_variant(Path(sys.argv[1]), Path(sys.argv[2]), {"media_on_host": False}, "perf/gpu_recipe.sh i2v")' \
+            "$deployment" "$WORK/i2v-gpu-media.toml" || return $?
         deployment="$WORK/i2v-gpu-media.toml"
     fi
     "$PY" perf/video_transport.py \

@@ -31,6 +31,3 @@ class CancelRegistry(GenerationFiles):
     def is_cancelled(self, request_id: str) -> bool:
         return self._path(request_id).exists()
 
-    def clear(self, request_id: str) -> None:
-        """Idempotent: cancel, timeout and error may all end the same request."""
-        self.discard(request_id)

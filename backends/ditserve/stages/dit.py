@@ -184,13 +184,13 @@ class DitStage:
 
     def _release(self, key: str) -> None:
         self.engine.release(key)
-        self.cancels.clear(key)
+        self.cancels.discard(key)
         self.metrics.state_table.set(len(self.engine))
 
     def _collect_garbage(self, live: set[str]) -> None:
         idle = self.deployment.engine.gc_idle_seconds
         for key in self.engine.collect_garbage(live, idle):
-            self.cancels.clear(key)
+            self.cancels.discard(key)
             self.metrics.garbage.increment(1)
         self.cancels.collect_garbage(idle)
         self.handoff.collect_garbage(idle)

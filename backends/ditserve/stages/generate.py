@@ -295,7 +295,7 @@ class GenerateStage:
             final = pb_utils.get_output_tensor_by_name(response, "latents")
             latents = final if final is not None else latents
         if stop is not None:
-            self.cancels.clear(dit_id)  # dit may have finished before it saw the flag
+            self.cancels.discard(dit_id)  # dit may have finished before it saw the flag
             raise stop
         if latents is None:
             raise StageError("dit: finished without latents")

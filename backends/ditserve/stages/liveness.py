@@ -12,10 +12,11 @@ command line names `<repository>/<model>/<version>/model.py`. Where that finds n
 (another OS, another layout), the watch is off and calls behave as plain BLS.
 
 A disabled watch (deployment `[engine] watch_stubs`) makes the calls in the caller's
-thread. "auto" disables it on GPU deployments. It was suspected when a public-model stub
-died on the H200, but the death turned out to be the stub sending an output the client
-had not requested (perf/results/2026-11-29-h200-gpu-matrix.md). The watch itself has not
-run on a GPU since: `perf/gpu_matrix.py --variants watch_on` is the test.
+thread. "auto" disables it on GPU deployments. It was suspected when public-model stubs
+died or hung on the H200, but those had other causes: an output the client had not
+requested, and GPU tensors crossing stubs (perf/results/2026-11-29-h200-host-media.md). The
+watch has not yet run on a GPU with the media on the host: `perf/gpu_matrix.py --variants
+watch_on` is the test.
 """
 from __future__ import annotations
 
