@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -93,8 +94,25 @@ class Deadline:
     def expired(self) -> bool:
         return self.at is not None and time.monotonic() > self.at
 
+    def message(self, where: str) -> str:
+        return f"{where}: the request timeout of {self.seconds:g} s expired"
+
     def error(self, where: str) -> TimedOut:
-        return TimedOut(f"{where}: the request timeout of {self.seconds:g} s expired")
+        return TimedOut(self.message(where))
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Why a generation stopped before dit finished: the exception to raise, kept as its type
+    and message. An exception object in a local of a frame it is raised through holds that
+    frame through its traceback: a reference cycle that only Python's cyclic GC frees, at any
+    later moment and on any thread, BLS tensors included. Triton 2.51's stubs segfault when
+    that happens on one of their own threads or at exit (perf/results/2026-11-29-h200-soak.md)."""
+    kind: type[Exception]
+    message: str
+
+    def exception(self) -> Exception:
+        return self.kind(self.message)
 
 
 def _bls(model: str, inputs: list, outputs: list[str], **kwargs):
@@ -262,27 +280,40 @@ class GenerateStage:
 
     def _stream_dit(self, request, params: GenerationParams, dit_id: str, on_progress: Callable | None,
                     arrival: float, deadline: Deadline):
-        """Stream dit's per-step responses; to stop early (client cancel, timeout, a progress
-        response that cannot be sent), flag dit and drain to its end, then raise why."""
+        """dit's final latents, or the reason the generation stopped early, raised once
+        `_read_dit` has read dit's stream to its end."""
+        latents, stop = self._read_dit(request, params, dit_id, on_progress, arrival, deadline)
+        if stop is not None:
+            self.cancels.discard(dit_id)  # dit may have finished before it saw the flag
+            raise stop.exception()
+        if latents is None:
+            raise StageError("dit: finished without latents")
+        return latents
+
+    def _read_dit(self, request, params: GenerationParams, dit_id: str, on_progress: Callable | None,
+                  arrival: float, deadline: Deadline) -> tuple[object | None, Stop | None]:
+        """Read dit's per-step responses, forwarding progress. To stop early (client cancel,
+        timeout, a progress response that cannot be sent) flag dit and keep reading: dit ends
+        the stream with one error response at its next step boundary, so the stream is always
+        read to its end rather than left half-read."""
         dit = _bls("dit", [self._params_tensor(params)], ["progress", "latents", "error"], request_id=dit_id)
         first_step, latents, stop, done = None, None, None, 0
-
         for response in self.stubs.call("dit", lambda: dit.exec(decoupled=True)):
             progress = pb_utils.get_output_tensor_by_name(response, "progress")
             done = int(to_torch(progress).reshape(-1)[0]) if progress is not None else done
             if stop is None:
                 if request.is_cancelled():
-                    stop = Cancelled()
+                    stop = Stop(Cancelled, "request cancelled")
                 elif deadline.expired():
-                    stop = deadline.error(f"dit: after denoise step {done}/{params.num_inference_steps}")
+                    stop = Stop(TimedOut, deadline.message(f"dit: after denoise step {done}/{params.num_inference_steps}"))
                 if stop is not None:
                     self.cancels.cancel(dit_id)  # dit ends it at the next step boundary
             error = pb_utils.get_output_tensor_by_name(response, "error")
-            if response.has_error() or error is not None:
-                if stop is not None:
-                    break
-                message = response.error().message() if response.has_error() else error.as_numpy().reshape(-1)[0]
-                raise StageError(f"dit: {message.decode() if isinstance(message, bytes) else message}")
+            if response.has_error() or error is not None:  # dit's last response
+                if stop is None:
+                    message = response.error().message() if response.has_error() else error.as_numpy().reshape(-1)[0]
+                    stop = Stop(StageError, f"dit: {message.decode() if isinstance(message, bytes) else message}")
+                continue
             if first_step is None:
                 first_step = time.monotonic()
                 self.metrics.first_step.observe(first_step - arrival)
@@ -290,16 +321,11 @@ class GenerateStage:
                 try:
                     on_progress(to_pb("progress", to_torch(progress)[0]))
                 except Exception as exc:
-                    stop = StageError(f"output: could not send a progress response: {type(exc).__name__}: {exc}")
+                    stop = Stop(StageError, f"output: could not send a progress response: {type(exc).__name__}: {exc}")
                     self.cancels.cancel(dit_id)
             final = pb_utils.get_output_tensor_by_name(response, "latents")
             latents = final if final is not None else latents
-        if stop is not None:
-            self.cancels.discard(dit_id)  # dit may have finished before it saw the flag
-            raise stop
-        if latents is None:
-            raise StageError("dit: finished without latents")
-        return latents
+        return (None, stop) if stop is not None else (latents, None)
 
     def _decode(self, latents):
         """uint8 media of the one generation, where vae_decode handed it (the host by default)."""

@@ -115,7 +115,10 @@ class StubWatch:
             if item is _DONE:
                 return
             if isinstance(item, BaseException):
-                raise item
+                try:
+                    raise item
+                finally:  # `item` would hold its own traceback's frame: a cycle (see generate.Stop)
+                    del item
             yield item
 
 
