@@ -80,6 +80,11 @@ def to_pb(name: str, tensor: torch.Tensor):
     return pb_utils.Tensor.from_dlpack(name, to_dlpack(tensor.contiguous()))
 
 
+def utf8_text(tensor) -> str:
+    """The message of dit's `error` output: UTF-8 bytes in a UINT8 tensor."""
+    return tensor.as_numpy().reshape(-1).tobytes().decode("utf-8", errors="replace")
+
+
 def input_numpy(request, name: str) -> np.ndarray | None:
     tensor = pb_utils.get_input_tensor_by_name(request, name)
     return None if tensor is None else tensor.as_numpy()

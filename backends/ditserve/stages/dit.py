@@ -9,7 +9,7 @@ reschedules the rest, so requests join and leave at step boundaries.
 they are the controls that step batching is measured against.
 
 Every request ends with exactly one final response: its latents, or an `error` output
-(cancelled, bad state, failed step). Its state is released in the same place.
+(UTF-8 in UINT8; cancelled, bad state, failed step). Its state is released in the same place.
 """
 from __future__ import annotations
 
@@ -39,12 +39,16 @@ INPUTS = (
 )
 # A request that cannot finish ends with an `error` output, not an error response:
 # Triton 2.51 loses error responses of a decoupled model on the BLS path (the caller
-# would wait forever), while data responses arrive. Responses carry only the outputs the
-# request asked for (common.requested_outputs): a direct client that did not ask for
-# `error` gets an error response, and one that did not ask for `progress` no progress.
+# would wait forever), while data responses arrive. The message is UTF-8 in a UINT8
+# tensor, not BYTES: the caller's stub unpacks a BYTES tensor of a decoupled BLS response
+# by running Python on its own receiving thread without the GIL, and on the H200 that
+# crashed public-model stubs right after cancels (perf/results/2026-11-29-h200-soak.md).
+# Responses carry only the outputs the request asked for (common.requested_outputs): a
+# direct client that did not ask for `error` gets an error response, and one that did
+# not ask for `progress` no progress.
 OUTPUTS = (
     TensorSpec("progress", "TYPE_INT32", (2,)),
-    TensorSpec("error", "TYPE_STRING", (1,)),
+    TensorSpec("error", "TYPE_UINT8", (-1,)),
 )
 
 
@@ -176,7 +180,7 @@ class DitStage:
         """The one terminal response of a request that did not finish."""
         self._release(key)
         if "error" in requested_outputs(request, OUTPUT_NAMES):
-            message = pb_utils.Tensor("error", np.array([[error.encode("utf-8")]], dtype=np.object_))
+            message = pb_utils.Tensor("error", np.frombuffer(error.encode("utf-8"), dtype=np.uint8)[None])
             response = pb_utils.InferenceResponse([message])
         else:
             response = error_response(error)

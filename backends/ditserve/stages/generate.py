@@ -31,7 +31,7 @@ from ..faults import Subject, injector
 from ..handoff import ConditioningStore
 from ..schema import IMAGE_INPUT, TASK_INPUTS, GenerationParams, InvalidRequest, decode_image, decode_request
 from .common import (TensorSpec, declare, error_response, input_numpy, media_dims, requested_outputs, stage_deployment,
-                     to_pb, to_torch)
+                     to_pb, to_torch, utf8_text)
 from .liveness import StubDied, StubWatch
 from .metrics import GenerateMetrics
 
@@ -147,6 +147,7 @@ class GenerateStage:
         self.faults = injector(self.deployment, self.model_name)
         # BLS calls fail, not hang, when the called model's stub dies (where the watch is on).
         self.stubs = StubWatch(enabled=watch_stubs(self.deployment))
+        self.last_dit_responses: list = []   # see _read_dit
 
     def execute(self, requests):
         # Generations run in the execute thread: BLS and response sending from worker threads
@@ -297,8 +298,9 @@ class GenerateStage:
         the stream with one error response at its next step boundary, so the stream is always
         read to its end rather than left half-read."""
         dit = _bls("dit", [self._params_tensor(params)], ["progress", "latents", "error"], request_id=dit_id)
-        first_step, latents, stop, done = None, None, None, 0
+        first_step, latents, stop, done, read = None, None, None, 0, []
         for response in self.stubs.call("dit", lambda: dit.exec(decoupled=True)):
+            read.append(response)
             progress = pb_utils.get_output_tensor_by_name(response, "progress")
             done = int(to_torch(progress).reshape(-1)[0]) if progress is not None else done
             if stop is None:
@@ -311,8 +313,8 @@ class GenerateStage:
             error = pb_utils.get_output_tensor_by_name(response, "error")
             if response.has_error() or error is not None:  # dit's last response
                 if stop is None:
-                    message = response.error().message() if response.has_error() else error.as_numpy().reshape(-1)[0]
-                    stop = Stop(StageError, f"dit: {message.decode() if isinstance(message, bytes) else message}")
+                    message = response.error().message() if response.has_error() else utf8_text(error)
+                    stop = Stop(StageError, f"dit: {message}")
                 continue
             if first_step is None:
                 first_step = time.monotonic()
@@ -325,6 +327,10 @@ class GenerateStage:
                     self.cancels.cancel(dit_id)
             final = pb_utils.get_output_tensor_by_name(response, "latents")
             latents = final if final is not None else latents
+        # Once a stream ends, the stub's own sending thread drops its reference to the stream's
+        # responses, without the GIL; were that the last one, their numpy arrays would be freed
+        # there. Holding them until the next generation leaves the last reference to this thread.
+        self.last_dit_responses = read
         return (None, stop) if stop is not None else (latents, None)
 
     def _decode(self, latents):
