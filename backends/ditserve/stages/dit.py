@@ -40,9 +40,9 @@ INPUTS = (
 # A request that cannot finish ends with an `error` output, not an error response:
 # Triton 2.51 loses error responses of a decoupled model on the BLS path (the caller
 # would wait forever), while data responses arrive. The message is UTF-8 in a UINT8
-# tensor, not BYTES: the caller's stub unpacks a BYTES tensor of a decoupled BLS response
-# by running Python on its own receiving thread without the GIL, and on the H200 that
-# crashed public-model stubs right after cancels (perf/results/2026-11-29-h200-soak.md).
+# tensor, not BYTES: on the H200, public-model stubs died right after dit's BYTES error
+# responses to cancels, and BYTES is the only output whose unpacking in the caller's stub
+# runs Python code (suspected, not proven: perf/results/2026-11-29-h200-soak.md).
 # Responses carry only the outputs the request asked for (common.requested_outputs): a
 # direct client that did not ask for `error` gets an error response, and one that did
 # not ask for `progress` no progress.

@@ -327,9 +327,10 @@ class GenerateStage:
                     self.cancels.cancel(dit_id)
             final = pb_utils.get_output_tensor_by_name(response, "latents")
             latents = final if final is not None else latents
-        # Once a stream ends, the stub's own sending thread drops its reference to the stream's
-        # responses, without the GIL; were that the last one, their numpy arrays would be freed
-        # there. Holding them until the next generation leaves the last reference to this thread.
+        # Once a stream ends, a C++ thread of the stub drops its own reference to the stream's
+        # responses without taking the GIL (python_backend's cleanup); were that the last one,
+        # their numpy arrays would be freed there. Holding them until the next generation
+        # leaves the last reference to this thread (a suspected cause of the H200 soak crashes).
         self.last_dit_responses = read
         return (None, stop) if stop is not None else (latents, None)
 

@@ -1,0 +1,36 @@
+"""Decoupled model shaped like our public `*_stream` models: a decoupled BLS stream from
+`producer`, a progress response per item until the client cancels (`is_cancelled`), the stream
+read to its end, then one final response; Python allocations between items."""
+import faulthandler
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+faulthandler.enable()  # a crash prints every thread's stack into the server log
+
+
+def count_tensor(count: int):
+    return pb_utils.Tensor("COUNT", np.array([count], dtype=np.int32))
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            inputs = [pb_utils.get_input_tensor_by_name(request, name) for name in ("N", "KIND")]
+            bls = pb_utils.InferenceRequest(model_name="producer", inputs=inputs,
+                                            requested_output_names=["OUT_BYTES", "OUT_U8"])
+            count, cancelled = 0, False
+            for _ in bls.exec(decoupled=True):
+                count += 1
+                cancelled = cancelled or request.is_cancelled()
+                if not cancelled:
+                    sender.send(pb_utils.InferenceResponse([count_tensor(count)]))
+                _ = [{"a": i, "b": str(i)} for i in range(1000)]
+            if cancelled:
+                error = pb_utils.TritonError("request cancelled", pb_utils.TritonError.CANCELLED)
+                sender.send(pb_utils.InferenceResponse(error=error), flags=FINAL)
+            else:
+                sender.send(pb_utils.InferenceResponse([count_tensor(count)]), flags=FINAL)
+        return None

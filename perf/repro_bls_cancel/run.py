@@ -1,0 +1,89 @@
+"""Does a Triton 2.51 Python stub die under decoupled BLS streams whose clients cancel?
+
+No diffusion code: `streamer` (decoupled, 4 instances) reads a decoupled BLS stream from
+`producer` and forwards progress; client threads open one gRPC stream per request and cancel
+CANCEL of them 5-50 ms in. Prints the client's tally, the stub count before stopping (10 when
+none died) and the crashes in the server log.
+
+    .venv/bin/python perf/repro_bls_cancel/run.py --kind bytes --seconds 60
+"""
+from __future__ import annotations
+
+import argparse
+import queue
+import random
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1] / "backends"))
+from ditserve.launcher import ServerOptions, TritonServer, free_ports  # noqa: E402
+
+
+
+def inputs(kind: int) -> list:
+    n = grpcclient.InferInput("N", [1], "INT32")
+    n.set_data_from_numpy(np.array([20], np.int32))
+    k = grpcclient.InferInput("KIND", [1], "INT32")
+    k.set_data_from_numpy(np.array([kind], np.int32))
+    return [n, k]
+
+
+def client(url: str, kind: int, seconds: float, cancel: float, seed: int, tally: dict, lock: threading.Lock) -> None:
+    rng = random.Random(seed)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        responses: queue.Queue = queue.Queue()
+        c = grpcclient.InferenceServerClient(url)
+        c.start_stream(callback=lambda result, error: responses.put(error))
+        c.async_stream_infer("streamer", inputs(kind))
+        if rng.random() < cancel:
+            time.sleep(rng.uniform(0.005, 0.05))
+            c.stop_stream(cancel_requests=True)
+            outcome = "cancelled"
+        else:
+            errors = [responses.get(timeout=30) for _ in range(20)]
+            outcome = "completed" if not any(errors) else f"error: {next(e for e in errors if e)}"[:120]
+            c.stop_stream()
+        c.close()
+        with lock:
+            tally[outcome] = tally.get(outcome, 0) + 1
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kind", choices=("bytes", "uint8"), default="bytes")
+    ap.add_argument("--seconds", type=float, default=60)
+    ap.add_argument("--cancel", type=float, default=0.5, help="share of requests cancelled (default 0.5)")
+    ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--log", type=Path, default=Path("/tmp/repro_bls_cancel.log"))
+    args = ap.parse_args()
+    kind = 0 if args.kind == "bytes" else 1
+    http, grpc, metrics = free_ports(3)
+    server = TritonServer(ServerOptions(model_repository=HERE / "repository", http_port=http, grpc_port=grpc,
+                                        metrics_port=metrics), log_path=args.log)
+    server.start()
+    server.wait_ready(120)
+    tally: dict = {}
+    lock = threading.Lock()
+    threads = [threading.Thread(target=client, args=(server.grpc_url, kind, args.seconds, args.cancel, i, tally, lock))
+               for i in range(args.clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    stubs = len(server.stub_pids())
+    server.stop()
+    crashes = args.log.read_text(errors="replace").count("Fatal Python error")
+    print(f"{args.kind}: {tally}; stub processes before stop {stubs} (6 = none died); "
+          f"crashes in {args.log}: {crashes}")
+    return 0 if stubs == 6 and not crashes else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
