@@ -474,7 +474,7 @@ main() {
             baseline) ensure_model baseline && run_timed baseline 120 stage_baseline ;;
             smoke) ensure_model smoke && run_timed smoke 150 stage_smoke ;;
             control) ensure_model control && run_timed control 200 stage_control ;;
-            soak) ensure_model soak && run_timed soak 300 stage_soak ;;
+            soak) ensure_model soak && run_timed soak $(( 3 * ${SOAK_PHASE_S:-60} + 110 )) stage_soak ;;  # 3 phases + warm-up, saturation, drains, stop
             matrix) run_timed matrix 150 stage_matrix ;;
             video) run_timed video 240 stage_video ;;
             i2v) run_timed i2v 300 stage_i2v ;;
