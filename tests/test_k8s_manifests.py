@@ -54,15 +54,18 @@ def container() -> dict:
     return c
 
 
-def test_probes_hit_triton_health_endpoints():
+def test_probes_hit_triton_health_endpoints_and_the_stub_check():
     c = container()
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"http": 8000, "grpc": 8001, "metrics": 8002}
-    for probe, path in (("readinessProbe", "/v2/health/ready"), ("livenessProbe", "/v2/health/live"),
-                        ("startupProbe", "/v2/health/live")):
+    for probe, path in (("readinessProbe", "/v2/health/ready"), ("startupProbe", "/v2/health/live")):
         get = c[probe]["httpGet"]
         assert get["path"] == path, probe
         assert ports.get(get["port"], get["port"]) == 8000, probe
+    # Liveness also catches a dead stub, which Triton 2.51's health endpoints do not report.
+    command = c["livenessProbe"]["exec"]["command"]
+    assert command[:2] == ["python3", "/opt/ditserve/scripts/check_stubs.py"] and "127.0.0.1:8000" in command
+    assert (ROOT / "scripts" / "check_stubs.py").exists()
     # A full checkpoint loads for minutes: the startup probe must allow at least 10 of them.
     startup = c["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 600

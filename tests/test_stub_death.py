@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import tritonclient.grpc as grpcclient
 
-from conftest import TINY_PIXART, start_server
+from conftest import ROOT, TINY_PIXART, start_server
 from ditserve.client import DitClient, GenerationRequest
 from helpers import StreamCall, grpc_inputs, scrape, wait_for_metric
 
@@ -108,6 +108,13 @@ def stub_pid(server, instance: str) -> int:
     return pids[0]
 
 
+def _check_stubs(server) -> tuple[int, str]:
+    """scripts/check_stubs.py against this server: (exit status, what it printed to stderr)."""
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_stubs.py"), "--url", server.http_url,
+                           "--server-pid", str(server.process.pid)], capture_output=True, text=True, timeout=60)
+    return done.returncode, done.stderr.strip()
+
+
 def _unary(server, request: GenerationRequest, results: list) -> None:
     with grpcclient.InferenceServerClient(server.grpc_url) as client:
         try:
@@ -126,6 +133,7 @@ def test_dit_stub_death_fails_in_flight_requests_then_a_reload_recovers(explicit
                                                          unary))
     unary_thread.start()
     stream.wait_progress(3)
+    assert _check_stubs(server) == (0, ""), "every stub is alive before the kill"
     dit = stub_pid(server, "dit_0_0")
     os.kill(dit, signal.SIGKILL)
     killed = time.monotonic()
@@ -160,6 +168,9 @@ def test_dit_stub_death_fails_in_flight_requests_then_a_reload_recovers(explicit
         # starts failing, Triton now reports it: update docs/reliability.md.
         assert client.is_model_ready("dit")
         assert all(client.is_model_ready(m) for m in MODELS if m != "dit")
+        # ... which the liveness probe of deploy/k8s catches.
+        rc, message = _check_stubs(server)
+        assert rc == 1 and "'dit' has 0 of its 1 stub processes" in message, message
 
         # 3. Recovery: unload + load `dit` (a plain load of a loaded, unchanged model does nothing).
         start = time.monotonic()
@@ -168,6 +179,7 @@ def test_dit_stub_death_fails_in_flight_requests_then_a_reload_recovers(explicit
         assert client.is_model_ready("dit")
         print(f"dit reloaded in {time.monotonic() - start:.1f} s")
         assert stub_pid(server, "dit_0_0") != dit
+        assert _check_stubs(server) == (0, "")
 
     # 4. Both public models serve again at full concurrency (the instances that served the lost
     #    requests returned when they sent the error; only their helper threads stay blocked).
