@@ -106,8 +106,8 @@ class Stop:
     """Why a generation stopped before dit finished: the exception to raise, kept as its type
     and message. An exception object in a local of a frame it is raised through holds that
     frame through its traceback: a reference cycle that only Python's cyclic GC frees, at any
-    later moment and on any thread, BLS tensors included. Triton 2.51's stubs segfault when
-    that happens on one of their own threads or at exit (perf/results/2026-11-29-h200-soak.md)."""
+    later moment and on any thread, BLS tensors included. Triton 2.51's stubs segfaulted at
+    exit when it did (tests/test_clean_shutdown.py; perf/results/2026-11-29-h200-soak.md)."""
     kind: type[Exception]
     message: str
 
