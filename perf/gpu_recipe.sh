@@ -26,6 +26,10 @@
 #             2 % bad requests, 2 % injected faults; checks nothing is lost and records resource
 #             slopes -> $OUT/soak.json, $OUT/soak.md, $OUT/soak_server.log (not in `all`; ~5.5 min
 #             at SOAK_PHASE_S=60 plus the build)
+#   sweeps    the named perf_analyzer sweeps in SWEEPS (default gpu-pixart1024-unary,gpu-pixart1024-stream),
+#             one after the other, each with its own raw baseline and server (perf/run_perf_analyzer.sh)
+#             -> $OUT/sweeps.tgz (each sweep's .md/.csv/.json/.png, ready for perf/results/);
+#             not in `all`; ~4 min per PixArt sweep plus the build
 #   video     full-size Wan2.1-T2V-1.3B (random weights) -> models/wan2.1-t2v-1.3b-random
 #             (~14 GB), then perf/video_transport.py: one 81x480x832 video (97 MB) delivered by
 #             gRPC, system shm and CUDA shm, with stage accounting -> $OUT/video_transport.json
@@ -53,7 +57,8 @@
 # running ones are stopped with SIGINT so their partial output is kept; leaves room for
 # `source .gpu/env.sh` inside the device's 600 s), PYTHON (default python3),
 # BASELINE_RUNS (5), BASELINE_WARMUP (1), BASELINE_BATCHES (1,2,4,8), BASELINE_BATCH_RUNS (2),
-# SMOKE_CONCURRENT (4), SOAK_PHASE_S (60), SOAK_SIZES (512,768,1024), SOAK_STEPS (10-20),
+# SMOKE_CONCURRENT (4), SWEEPS (gpu-pixart1024-unary,gpu-pixart1024-stream; PixArt sweeps only:
+# the stage builds only the PixArt model), SWEEP_LEVEL_TIMEOUT_S (150), SOAK_PHASE_S (60), SOAK_SIZES (512,768,1024), SOAK_STEPS (10-20),
 # CONTROL_RATE (0.6 req/s), CONTROL_N (24), CONTROL_ARGS (extra args),
 # VIDEO_STEPS (2), VIDEO_REPS (3), VIDEO_TEXT_ENCODER_LAYERS (24 = real),
 # I2V_STEPS (2), I2V_REPS (1), I2V_TRANSPORTS (grpc,system), I2V_TEXT_ENCODER_LAYERS (24 = real),
@@ -279,6 +284,19 @@ stage_video() {
     return $rc
 }
 
+stage_sweeps() {
+    local dir="$WORK/sweeps" name rc=0
+    mkdir -p "$dir"
+    local sweeps="${SWEEPS:-gpu-pixart1024-unary,gpu-pixart1024-stream}"
+    for name in ${sweeps//,/ }; do
+        log "sweep $name"
+        bash perf/run_perf_analyzer.sh --sweep "$name" --out-dir "$dir" --level-timeout-s "${SWEEP_LEVEL_TIMEOUT_S:-150}" \
+            || { rc=$?; log "sweep $name: exit $rc"; }
+        tar -czf "$OUT/sweeps.tgz" -C "$dir" .   # after each sweep, so a timed-out call keeps the finished ones
+    done
+    return $rc
+}
+
 stage_soak() {
     local soak="$WORK/soak"
     "$PY" perf/soak.py --deployment "$DEPLOYMENT" --sizes "${SOAK_SIZES:-512,768,1024}" --steps "${SOAK_STEPS:-10-20}" \
@@ -457,15 +475,15 @@ main() {
     for s in "${stages[@]}"; do
         case "$s" in
             all) expanded+=(env build baseline smoke control) ;;
-            env|matrix|build|baseline|smoke|control|soak|video|i2v) expanded+=("$s") ;;
+            env|matrix|build|baseline|smoke|control|sweeps|soak|video|i2v) expanded+=("$s") ;;
             -h|--help) awk 'NR > 1 && /^#/ {print; next} NR > 1 {exit}' "$0"; return 0 ;;
-            *) echo "unknown stage: $s (env|matrix|build|baseline|smoke|control|soak|video|i2v|all)"; return 2 ;;
+            *) echo "unknown stage: $s (env|matrix|build|baseline|smoke|control|sweeps|soak|video|i2v|all)"; return 2 ;;
         esac
     done
     mkdir -p "$WORK"
     export REPO_ROOT PY OUT DEADLINE_S DEPLOYMENT MODEL_DIR DEVICE SIZE STEPS WORK START_EPOCH
     export -f log remaining model_ready stage_env stage_build stage_baseline stage_smoke stage_control collect_control \
-        stage_matrix stage_soak stage_video stage_i2v
+        stage_matrix stage_sweeps stage_soak stage_video stage_i2v
     log "stages: ${expanded[*]} (deadline ${DEADLINE_S}s)"
     for s in "${expanded[@]}"; do
         case "$s" in
@@ -474,6 +492,7 @@ main() {
             baseline) ensure_model baseline && run_timed baseline 120 stage_baseline ;;
             smoke) ensure_model smoke && run_timed smoke 150 stage_smoke ;;
             control) ensure_model control && run_timed control 200 stage_control ;;
+            sweeps) ensure_model sweeps && run_timed sweeps 240 stage_sweeps ;;
             soak) ensure_model soak && run_timed soak $(( 3 * ${SOAK_PHASE_S:-60} + 110 )) stage_soak ;;  # 3 phases + warm-up, saturation, drains, stop
             matrix) run_timed matrix 150 stage_matrix ;;
             video) run_timed video 240 stage_video ;;
