@@ -171,7 +171,13 @@ class DitStage:
 
     def _ended_by_client(self, request, key: str) -> bool:
         """Cancelled directly (client of dit) or through the public model's flag."""
-        if request.is_cancelled() or self.cancels.is_cancelled(key):
+        if request.is_cancelled():
+            # The final flag alone: a response sent to a cancelled request segfaulted Triton
+            # 2.51's stub (perf/repro_bls_cancel/).
+            self._release(key)
+            request.get_response_sender().send(flags=FINAL)
+            return True
+        if self.cancels.is_cancelled(key):
             self._end(request, key, CANCELLED)
             return True
         return False

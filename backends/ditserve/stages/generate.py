@@ -167,6 +167,11 @@ class GenerateStage:
         on_progress = (lambda progress: sender.send(pb_utils.InferenceResponse([progress]))) \
             if "progress" in wanted else None
         response = self._respond(request, on_progress)
+        if request.is_cancelled():
+            # The client is gone: end the request with the final flag alone. Sending a response
+            # to a cancelled request segfaulted Triton 2.51's stub (perf/repro_bls_cancel/).
+            sender.send(flags=FINAL)
+            return
         try:
             sender.send(response, flags=FINAL)
         except Exception as exc:  # never leave a stream without its final response

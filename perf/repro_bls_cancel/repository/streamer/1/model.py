@@ -1,7 +1,11 @@
 """Decoupled model shaped like our public `*_stream` models: a decoupled BLS stream from
 `producer`, a progress response per item until the client cancels (`is_cancelled`), the stream
-read to its end, then one final response; Python allocations between items."""
+read to its end, then the end of the request; Python allocations between items.
+
+A cancelled request ends as $REPRO_CANCEL_END says: `error` (default) sends a final response
+carrying a CANCELLED error, `flag` sends only the final flag, no response."""
 import faulthandler
+import os
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -15,6 +19,9 @@ def count_tensor(count: int):
 
 
 class TritonPythonModel:
+    def initialize(self, args):
+        self.cancel_end = os.environ.get("REPRO_CANCEL_END", "error")
+
     def execute(self, requests):
         for request in requests:
             sender = request.get_response_sender()
@@ -28,7 +35,9 @@ class TritonPythonModel:
                 if not cancelled:
                     sender.send(pb_utils.InferenceResponse([count_tensor(count)]))
                 _ = [{"a": i, "b": str(i)} for i in range(1000)]
-            if cancelled:
+            if cancelled and self.cancel_end == "flag":
+                sender.send(flags=FINAL)
+            elif cancelled:
                 error = pb_utils.TritonError("request cancelled", pb_utils.TritonError.CANCELLED)
                 sender.send(pb_utils.InferenceResponse(error=error), flags=FINAL)
             else:
