@@ -59,9 +59,11 @@ USER 1000:1000
 # HTTP, gRPC, metrics.
 EXPOSE 8000 8001 8002
 
+# Healthy = ready AND every model instance's Python stub alive: Triton 2.51 keeps reporting
+# READY after a stub dies (docs/reliability.md), so readiness alone would stay green.
 # Loading a full checkpoint (or downloading it) takes minutes: a long start period.
-HEALTHCHECK --interval=30s --timeout=5s --start-period=15m --retries=3 \
-    CMD ["curl", "-fsS", "http://localhost:8000/v2/health/ready"]
+HEALTHCHECK --interval=30s --timeout=10s --start-period=15m --retries=3 \
+    CMD ["/bin/sh", "-c", "curl -fsS http://localhost:8000/v2/health/ready && python3 /opt/ditserve/scripts/check_stubs.py --url 127.0.0.1:8000"]
 
 # The base image's ENTRYPOINT (/opt/nvidia/nvidia_entrypoint.sh) runs this command.
 # model_repository_gpu is model_repository rendered for the GPU deployment's capacity.
