@@ -29,7 +29,8 @@
 #   sweeps    the named perf_analyzer sweeps in SWEEPS (default gpu-pixart1024-unary,gpu-pixart1024-stream),
 #             one after the other, each with its own raw baseline and server (perf/run_perf_analyzer.sh)
 #             -> $OUT/sweeps.tgz (each sweep's .md/.csv/.json/.png, ready for perf/results/);
-#             not in `all`; ~4 min per PixArt sweep plus the build
+#             not in `all`; ~3.5 min per PixArt sweep plus the build (measured); a Wan sweep is
+#             estimated at ~4-5 min plus the Wan build (not yet run): one per call
 #   video     full-size Wan2.1-T2V-1.3B (random weights) -> models/wan2.1-t2v-1.3b-random
 #             (~14 GB), then perf/video_transport.py: one 81x480x832 video (97 MB) delivered by
 #             gRPC, system shm and CUDA shm, with stage accounting -> $OUT/video_transport.json
@@ -57,8 +58,8 @@
 # running ones are stopped with SIGINT so their partial output is kept; leaves room for
 # `source .gpu/env.sh` inside the device's 600 s), PYTHON (default python3),
 # BASELINE_RUNS (5), BASELINE_WARMUP (1), BASELINE_BATCHES (1,2,4,8), BASELINE_BATCH_RUNS (2),
-# SMOKE_CONCURRENT (4), SWEEPS (gpu-pixart1024-unary,gpu-pixart1024-stream; PixArt sweeps only:
-# the stage builds only the PixArt model), SWEEP_LEVEL_TIMEOUT_S (150), SOAK_PHASE_S (60), SOAK_SIZES (512,768,1024), SOAK_STEPS (10-20),
+# SMOKE_CONCURRENT (4), SWEEPS (gpu-pixart1024-unary,gpu-pixart1024-stream; a gpu-wan-* sweep
+# first builds full-size Wan2.1-T2V-1.3B if missing), SWEEP_LEVEL_TIMEOUT_S (150), SOAK_PHASE_S (60), SOAK_SIZES (512,768,1024), SOAK_STEPS (10-20),
 # CONTROL_RATE (0.6 req/s), CONTROL_N (24), CONTROL_ARGS (extra args),
 # VIDEO_STEPS (2), VIDEO_REPS (3), VIDEO_TEXT_ENCODER_LAYERS (24 = real),
 # I2V_STEPS (2), I2V_REPS (1), I2V_TRANSPORTS (grpc,system), I2V_TEXT_ENCODER_LAYERS (24 = real),
@@ -289,6 +290,10 @@ stage_sweeps() {
     mkdir -p "$dir"
     local sweeps="${SWEEPS:-gpu-pixart1024-unary,gpu-pixart1024-stream}"
     for name in ${sweeps//,/ }; do
+        if [[ "$name" == gpu-wan-* ]]; then  # the PixArt model comes from ensure_model; Wan from here
+            "$PY" scripts/build_full_size_random.py --family wan-t2v --out models/wan2.1-t2v-1.3b-random \
+                --device "$DEVICE" --if-missing || { rc=$?; continue; }
+        fi
         log "sweep $name"
         bash perf/run_perf_analyzer.sh --sweep "$name" --out-dir "$dir" --level-timeout-s "${SWEEP_LEVEL_TIMEOUT_S:-150}" \
             || { rc=$?; log "sweep $name: exit $rc"; }

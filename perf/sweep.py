@@ -87,6 +87,7 @@ class Sweep:
     stability: int = 50       # wide: the dev machines are shared 2-core hosts
     max_trials: int = 6
     requests_per_level: int = 0
+    warmup_requests: int = 0  # 0: twice the highest concurrency, at that concurrency
     baseline_runs: int = 20
     baseline_batch_sizes: tuple[int, ...] | None = None   # None: the baseline's default
 
@@ -157,7 +158,7 @@ def with_overrides(sweep: Sweep, args: argparse.Namespace) -> Sweep:
         changes.update(concurrency=parse_range(args.concurrency, int), request_rate=())
     if args.request_rate:
         changes.update(request_rate=parse_range(args.request_rate, float), concurrency=())
-    for key in ("interval_ms", "stability", "max_trials", "requests_per_level", "baseline_runs"):
+    for key in ("interval_ms", "stability", "max_trials", "requests_per_level", "warmup_requests", "baseline_runs"):
         if getattr(args, key) is not None:
             changes[key] = getattr(args, key)
     if args.baseline_batch_sizes is not None:
@@ -573,6 +574,8 @@ def build_parser() -> argparse.ArgumentParser:
     over.add_argument("--stability", type=int, default=None, metavar="PERCENT")
     over.add_argument("--max-trials", type=int, default=None)
     over.add_argument("--requests-per-level", type=int, default=None, metavar="N")
+    over.add_argument("--warmup-requests", type=int, default=None, metavar="N",
+                      help="warm-up requests (default: twice the highest concurrency)")
     over.add_argument("--baseline-runs", type=int, default=None, metavar="N", help="0 skips the baseline")
     over.add_argument("--baseline-batch-sizes", default=None, metavar="1,2,4", help="'' skips the batched part")
     return ap
@@ -614,10 +617,13 @@ def main(argv: list[str] | None = None) -> int:
             base_pa += ["--streaming"] if sweep.streaming else []
             if sweep.shared_memory != "none":
                 base_pa += ["--shared-memory", sweep.shared_memory, "--output-shared-memory-size", str(shm_bytes)]
-            # Every public instance the sweep will use runs at least once before measuring.
+            # By default every public instance the sweep will use runs at least once before
+            # measuring; `warmup_requests` caps that where one request takes tens of seconds.
             warm_n = max(sweep.concurrency) if sweep.concurrency else deployment.engine.capacity
-            warmup = [*base_pa, "--concurrency-range", str(warm_n), "--request-count", str(2 * warm_n)]
-            log(f"warm-up: {2 * warm_n} requests at concurrency {warm_n}")
+            warm_count = sweep.warmup_requests or 2 * warm_n
+            warm_n = min(warm_n, warm_count)
+            warmup = [*base_pa, "--concurrency-range", str(warm_n), "--request-count", str(warm_count)]
+            log(f"warm-up: {warm_count} requests at concurrency {warm_n}")
             warmup_output, warmup_rc = run_pa(warmup, args.level_timeout_s)
             if warmup_rc:
                 log(f"warm-up failed (exit {warmup_rc}), so no level is measured:\n{warmup_output[-2000:]}")
