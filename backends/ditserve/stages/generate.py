@@ -225,6 +225,8 @@ class GenerateStage:
         outputs = [to_pb(media_output(self.deployment), media)]
         if params.output_format == "mp4":
             outputs.append(self._timed("mp4", self._mp4, request, deadline, media, params.fps))
+        if request.is_cancelled():  # the client left during the last stage: counted as cancelled, not sent
+            raise Cancelled()
         return params, outputs
 
     def _timed(self, stage: str, fn, request, deadline: Deadline, *args):
