@@ -235,7 +235,13 @@ try:
                                     ("decode (BLS to vae_decode and back)", "decode_duration", "txt2img_stream"),
                                     ("dit step", "step_duration", "dit"),
                                     ("time to first step", "time_to_first_step", "txt2img_stream"))}
-    print(f"[smoke] solo {report['solo']} stages {report['solo_stage_ms']}", flush=True)
+    # Triton's own time per model for the same request: a stage's time in the public model minus
+    # the called model's queue + compute is the BLS hop's cost.
+    report["solo_triton_ms"] = {
+        model: {part: round(loadgen.metric_delta(before, after, f"nv_inference_{part}_duration_us", model) / 1000, 1)
+                for part in ("queue", "compute_input", "compute_infer", "compute_output")}
+        for model in ("text_encoder", "dit", "vae_decode", "txt2img_stream")}
+    print(f"[smoke] solo {report['solo']} stages {report['solo_stage_ms']} triton {report['solo_triton_ms']}", flush=True)
     records = [{} for _ in range(n_conc)]
     threads = [threading.Thread(target=one, args=(10 + i, records[i])) for i in range(n_conc)]
     t1 = time.perf_counter()
@@ -425,7 +431,7 @@ s = load("server_smoke.json")
 if s:
     print(f"\n## Served smoke ({s.get('deployment')})\n")
     print(f"ok={s.get('ok')}, start-up {s.get('startup_s')} s, GPU memory {s.get('gpu_memory_used')}")
-    for k in ("warmup", "solo"):
+    for k in ("warmup", "solo", "solo_stage_ms", "solo_triton_ms"):
         if k in s:
             print(f"- {k}: {s[k]}")
     if "concurrent" in s:

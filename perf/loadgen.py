@@ -378,13 +378,13 @@ def scrape(metrics_url: str) -> dict[tuple[str, str], float]:
     return samples
 
 
-def _delta(before: dict, after: dict, name: str, model: str) -> float:
+def metric_delta(before: dict, after: dict, name: str, model: str) -> float:
     return after.get((name, model), 0.0) - before.get((name, model), 0.0)
 
 
 def histogram_mean(before: dict, after: dict, name: str, model: str) -> float | None:
-    count = _delta(before, after, f"{name}_count", model)
-    return _delta(before, after, f"{name}_sum", model) / count if count > 0 else None
+    count = metric_delta(before, after, f"{name}_count", model)
+    return metric_delta(before, after, f"{name}_sum", model) / count if count > 0 else None
 
 
 OUTCOME_COUNTERS = {"completed": "ditserve_requests_completed_total", "cancelled": "ditserve_requests_cancelled_total",
@@ -402,7 +402,7 @@ def wait_server_settled(metrics_url: str, before: dict, expected_total: int, tim
     last, still_since = None, time.monotonic()
     while True:
         after = scrape(metrics_url)
-        total = sum(_delta(before, after, n, PUBLIC_LABEL) for n in OUTCOME_COUNTERS.values())
+        total = sum(metric_delta(before, after, n, PUBLIC_LABEL) for n in OUTCOME_COUNTERS.values())
         if total >= expected_total or time.monotonic() > deadline:
             return after
         if total != last:
@@ -414,13 +414,13 @@ def wait_server_settled(metrics_url: str, before: dict, expected_total: int, tim
 
 def server_summary(before: dict, after: dict) -> dict:
     ms = lambda v: None if v is None else round(v * 1000.0, 3)  # noqa: E731
-    out = {f"server_{k}": int(_delta(before, after, n, PUBLIC_LABEL)) for k, n in OUTCOME_COUNTERS.items()}
+    out = {f"server_{k}": int(metric_delta(before, after, n, PUBLIC_LABEL)) for k, n in OUTCOME_COUNTERS.items()}
     out["server_mean_ttfs_ms"] = ms(histogram_mean(before, after, "ditserve_time_to_first_step_seconds", PUBLIC_LABEL))
     out["stage_mean_ms"] = {stage: ms(histogram_mean(before, after, f"ditserve_{stage}_duration_seconds", PUBLIC_LABEL))
                             for stage in ("encode", "denoise", "decode")}
     batch = histogram_mean(before, after, "ditserve_step_batch_size", "dit")
     out["mean_step_batch_size"] = None if batch is None else round(batch, 3)
-    out["step_batches"] = int(_delta(before, after, "ditserve_step_batch_size_count", "dit"))
+    out["step_batches"] = int(metric_delta(before, after, "ditserve_step_batch_size_count", "dit"))
     out["mean_step_duration_ms"] = ms(histogram_mean(before, after, "ditserve_step_duration_seconds", "dit"))
     return out
 
