@@ -296,9 +296,11 @@ stage_sweeps() {
     mkdir -p "$dir"
     local sweeps="${SWEEPS:-gpu-pixart1024-unary,gpu-pixart1024-stream}"
     for name in ${sweeps//,/ }; do
-        if [[ "$name" == gpu-wan-* ]]; then  # the PixArt model comes from ensure_model; Wan from here
+        if [[ "$name" == gpu-wan-* ]]; then  # each sweep builds the full-size model it serves, if missing
             "$PY" scripts/build_full_size_random.py --family wan-t2v --out models/wan2.1-t2v-1.3b-random \
                 --device "$DEVICE" --if-missing || { rc=$?; continue; }
+        elif [[ "$name" == gpu-pixart* ]]; then
+            model_ready || stage_build || { rc=$?; continue; }
         fi
         log "sweep $name"
         bash perf/run_perf_analyzer.sh --sweep "$name" --out-dir "$dir" --level-timeout-s "${SWEEP_LEVEL_TIMEOUT_S:-150}" \
@@ -503,7 +505,7 @@ main() {
             baseline) ensure_model baseline && run_timed baseline 120 stage_baseline ;;
             smoke) ensure_model smoke && run_timed smoke 150 stage_smoke ;;
             control) ensure_model control && run_timed control 200 stage_control ;;
-            sweeps) ensure_model sweeps && run_timed sweeps 240 stage_sweeps ;;
+            sweeps) run_timed sweeps 240 stage_sweeps ;;
             soak) ensure_model soak && run_timed soak $(( 3 * ${SOAK_PHASE_S:-60} + 110 )) stage_soak ;;  # 3 phases + warm-up, saturation, drains, stop
             matrix) run_timed matrix 150 stage_matrix ;;
             video) run_timed video 240 stage_video ;;
