@@ -15,8 +15,8 @@ garbage collection after the idle timeout.
 
 The format is safetensors, not torch.save: no pickle, and faster. On the 2-core dev host, the
 median to write and read the file is 4.8 ms instead of 8.2 ms for PixArt's 9.8 MB, and 8.9 ms
-instead of 14.9 ms for Wan's 16.8 MB. `take` maps the file, so the tensors
-read the tmpfs pages directly; the file is unlinked at once and its pages go when the tensors do.
+instead of 14.9 ms for Wan's 16.8 MB. `take` maps the file, so the tensors read the tmpfs
+pages directly; the file is unlinked at once and its pages go when the tensors do.
 """
 from __future__ import annotations
 

@@ -90,8 +90,8 @@ def main() -> int:
     short = short_models(server.http_url, server.process.pid)
     server.stop(timeout_s=20)  # a dead stub's model never unloads: do not wait out the exit timeout
     crashes = args.log.read_text(errors="replace").count("Fatal Python error")
-    print(f"{args.kind}, cancel end {args.cancel_end}: {tally}; models short of stub processes before stop (live, expected): {short or 'none'}; "
-          f"crashes in {args.log}: {crashes}")
+    print(f"{args.kind}, cancel end {args.cancel_end}: {tally}; models short of stub processes before stop "
+          f"(live, expected): {short or 'none'}; crashes in {args.log}: {crashes}")
     return 0 if not short and not crashes else 1
 
 
