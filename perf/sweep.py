@@ -117,6 +117,14 @@ class Sweep:
         """The level's column in perf_analyzer's CSV."""
         return "Concurrency" if self.concurrency else "Request Rate"
 
+    def warmup(self, capacity: int) -> tuple[int, int]:
+        """(requests, concurrency) of the warm-up. By default twice the highest concurrency (the
+        deployment's capacity for rate sweeps), so every public instance the sweep will use runs
+        at least once; `warmup_requests` caps it where one request takes tens of seconds."""
+        top = max(self.concurrency) if self.concurrency else capacity
+        count = self.warmup_requests or 2 * top
+        return count, min(top, count)
+
     def level_args(self, level: float) -> list[str]:
         # Open loop needs --async: with perf_analyzer's default synchronous calls, each of its
         # few threads waits for its response, so a saturated server slows the senders instead
@@ -617,11 +625,7 @@ def main(argv: list[str] | None = None) -> int:
             base_pa += ["--streaming"] if sweep.streaming else []
             if sweep.shared_memory != "none":
                 base_pa += ["--shared-memory", sweep.shared_memory, "--output-shared-memory-size", str(shm_bytes)]
-            # By default every public instance the sweep will use runs at least once before
-            # measuring; `warmup_requests` caps that where one request takes tens of seconds.
-            warm_n = max(sweep.concurrency) if sweep.concurrency else deployment.engine.capacity
-            warm_count = sweep.warmup_requests or 2 * warm_n
-            warm_n = min(warm_n, warm_count)
+            warm_count, warm_n = sweep.warmup(deployment.engine.capacity)
             warmup = [*base_pa, "--concurrency-range", str(warm_n), "--request-count", str(warm_count)]
             log(f"warm-up: {warm_count} requests at concurrency {warm_n}")
             warmup_output, warmup_rc = run_pa(warmup, args.level_timeout_s)

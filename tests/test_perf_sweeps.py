@@ -29,6 +29,16 @@ def test_every_named_sweep_names_a_public_model_and_complete_input_data():
         assert sweep.media_bytes(entries) >= 32 * 32 * 3, s.name
 
 
+def test_warmup_defaults_to_twice_the_top_level_and_can_be_capped():
+    row = dict(name="x", what="", deployment="configs/tiny-pixart-sigma.toml", model="txt2img",
+               data="perf/data/txt2img_prompts.json")
+    assert sweep.Sweep(**row, concurrency=(1, 4)).warmup(capacity=8) == (8, 4)
+    assert sweep.Sweep(**row, request_rate=(10.0,)).warmup(capacity=8) == (16, 8)
+    assert sweep.Sweep(**row, concurrency=(1, 2, 4), warmup_requests=1).warmup(capacity=4) == (1, 1)
+    assert sweep.Sweep(**row, concurrency=(1, 2), warmup_requests=6).warmup(capacity=4) == (6, 2)
+    assert all(s.warmup(4)[0] == 1 for name, s in sweep.load_sweeps().items() if name.startswith("gpu-wan-"))
+
+
 def test_range_syntax_and_bad_rows():
     assert sweep.parse_range("1:4", int) == (1, 2, 3, 4)
     assert sweep.parse_range("10:40:10", float) == (10.0, 20.0, 30.0, 40.0)
