@@ -171,13 +171,7 @@ class DitStage:
 
     def _ended_by_client(self, request, key: str) -> bool:
         """Cancelled directly (client of dit) or through the public model's flag."""
-        if request.is_cancelled():
-            # The final flag alone: a response sent to a cancelled request segfaulted Triton
-            # 2.51's stub (perf/repro_bls_cancel/).
-            self._release(key)
-            request.get_response_sender().send(flags=FINAL)
-            return True
-        if self.cancels.is_cancelled(key):
+        if request.is_cancelled() or self.cancels.is_cancelled(key):
             self._end(request, key, CANCELLED)
             return True
         return False
@@ -185,6 +179,11 @@ class DitStage:
     def _end(self, request, key: str, error: str) -> None:
         """The one terminal response of a request that did not finish."""
         self._release(key)
+        if request.is_cancelled():
+            # Its client is gone: the final flag alone. A response sent to a cancelled request
+            # segfaulted Triton 2.51's stub (perf/repro_bls_cancel/).
+            request.get_response_sender().send(flags=FINAL)
+            return
         if "error" in requested_outputs(request, OUTPUT_NAMES):
             message = pb_utils.Tensor("error", np.frombuffer(error.encode("utf-8"), dtype=np.uint8)[None])
             response = pb_utils.InferenceResponse([message])
