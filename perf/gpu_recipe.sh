@@ -59,7 +59,8 @@
 # `source .gpu/env.sh` inside the device's 600 s), PYTHON (default python3),
 # BASELINE_RUNS (5), BASELINE_WARMUP (1), BASELINE_BATCHES (1,2,4,8), BASELINE_BATCH_RUNS (2),
 # SMOKE_CONCURRENT (4), SWEEPS (gpu-pixart1024-unary,gpu-pixart1024-stream; a gpu-wan-* sweep
-# first builds full-size Wan2.1-T2V-1.3B if missing), SWEEP_LEVEL_TIMEOUT_S (150), SOAK_PHASE_S (60), SOAK_SIZES (512,768,1024), SOAK_STEPS (10-20),
+# first builds full-size Wan2.1-T2V-1.3B if missing), SWEEP_LEVEL_TIMEOUT_S (150),
+# SOAK_PHASE_S (60), SOAK_SIZES (512,768,1024), SOAK_STEPS (10-20),
 # CONTROL_RATE (0.6 req/s), CONTROL_N (24), CONTROL_ARGS (extra args),
 # VIDEO_STEPS (2), VIDEO_REPS (3), VIDEO_TEXT_ENCODER_LAYERS (24 = real),
 # I2V_STEPS (2), I2V_REPS (1), I2V_TRANSPORTS (grpc,system), I2V_TEXT_ENCODER_LAYERS (24 = real),
@@ -276,10 +277,16 @@ stage_matrix() {
         --out "$OUT/gpu_matrix.json" --logs "$OUT/gpu_matrix_logs.tgz"
 }
 
+# Full-size Wan2.1-T2V-1.3B (random weights), built once: the video stage and the gpu-wan-* sweeps
+# serve it from configs/wan2.1-t2v-1.3b-random.toml. A model already there is kept as it is
+# (--if-missing), whatever VIDEO_TEXT_ENCODER_LAYERS it was built with.
+build_wan_t2v() {
+    "$PY" scripts/build_full_size_random.py --family wan-t2v --out models/wan2.1-t2v-1.3b-random --device "$DEVICE" \
+        --if-missing --text-encoder-layers "${VIDEO_TEXT_ENCODER_LAYERS:-24}"
+}
+
 stage_video() {
-    local wan=models/wan2.1-t2v-1.3b-random
-    "$PY" scripts/build_full_size_random.py --family wan-t2v --out "$wan" --device "$DEVICE" --if-missing \
-        --text-encoder-layers "${VIDEO_TEXT_ENCODER_LAYERS:-24}" || return $?
+    build_wan_t2v || return $?
     "$PY" perf/video_transport.py \
         --deployment configs/wan2.1-t2v-1.3b-random.toml --steps "${VIDEO_STEPS:-2}" --reps "${VIDEO_REPS:-3}" \
         --out "$OUT/video_transport.json" --log "$OUT/video_server.log"
@@ -297,8 +304,7 @@ stage_sweeps() {
     local sweeps="${SWEEPS:-gpu-pixart1024-unary,gpu-pixart1024-stream}"
     for name in ${sweeps//,/ }; do
         if [[ "$name" == gpu-wan-* ]]; then  # each sweep builds the full-size model it serves, if missing
-            "$PY" scripts/build_full_size_random.py --family wan-t2v --out models/wan2.1-t2v-1.3b-random \
-                --device "$DEVICE" --if-missing || { rc=$?; continue; }
+            build_wan_t2v || { rc=$?; continue; }
         elif [[ "$name" == gpu-pixart* ]]; then
             model_ready || stage_build || { rc=$?; continue; }
         fi
@@ -496,7 +502,7 @@ main() {
     mkdir -p "$WORK"
     export REPO_ROOT PY OUT DEADLINE_S DEPLOYMENT MODEL_DIR DEVICE SIZE STEPS WORK START_EPOCH
     export -f log remaining model_ready stage_env stage_build stage_baseline stage_smoke stage_control collect_control \
-        stage_matrix stage_sweeps stage_soak stage_video stage_i2v
+        stage_matrix build_wan_t2v stage_sweeps stage_soak stage_video stage_i2v
     log "stages: ${expanded[*]} (deadline ${DEADLINE_S}s)"
     for s in "${expanded[@]}"; do
         case "$s" in
