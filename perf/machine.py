@@ -6,6 +6,7 @@ them, and a file name that says which machine it came from.
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import platform
 import re
 import shutil
@@ -43,7 +44,9 @@ def machine_info(server_version: str | None) -> dict:
         if shutil.which("nvidia-smi") else ""
     return {
         "uname": " ".join(platform.uname()).strip(),
-        "nproc": sh("nproc"),
+        # CPUs this process may use. Not `nproc`: it prints $OMP_NUM_THREADS when that is set, and
+        # the sweeps set it to 1 for the stubs (the H200 write-ups said "nproc: 1" on 16 cores).
+        "nproc": str(len(os.sched_getaffinity(0))),
         "cpu": cpu,
         "gpu": gpu or "none",
         "python": platform.python_version(),

@@ -311,7 +311,7 @@ def run_level(base: list[str], sweep: Sweep, level: float, timeout_s: float, wor
     settled = rc == 0 and rows and "Failed to obtain stable measurement" not in output
     result = Level(level, cmd, output, rc, rows[0] if settled else None)
     if result.row:
-        log(f"  {float(result.row['Inferences/Second']):.2f} infer/s, p50 {ms(result.row['p50 latency']):.1f} ms, "
+        log(f"  {rate(result.row['Inferences/Second'])} infer/s, p50 {ms(result.row['p50 latency']):.1f} ms, "
             f"p99 {ms(result.row['p99 latency']):.1f} ms")
     else:
         log(f"  no stable measurement (exit {rc}); continuing\n" + output[-1500:])
@@ -348,6 +348,11 @@ def ms(us: str) -> float:
     return float(us) / 1000.0
 
 
+def rate(per_s: float | str) -> str:
+    """A throughput to three significant digits: a 20 s video generation is 0.0476/s, not 0.05."""
+    return f"{float(per_s):.3g}"
+
+
 def result_stem(out_dir: Path, label: str, sweep: Sweep) -> Path:
     """<date>-<machine>-<sweep>; a machine label that is the sweep's first word is not repeated."""
     name = sweep.name if sweep.name.split("-")[0] == label else f"{label}-{sweep.name}"
@@ -372,13 +377,13 @@ def ratios(sweep: Sweep, rows: list[dict], base: dict) -> list[str]:
         f"**{ms(low['p50 latency']) / base['p50_ms']:.2f}x**",
         f"- mean: served {ms(low['Avg latency']):.1f} ms vs raw {base['mean_ms']:.1f} ms -> "
         f"**{ms(low['Avg latency']) / base['mean_ms']:.2f}x**",
-        f"- throughput: best served {served_best:.2f}/s ({sweep.level_name} {best[sweep.level_column]}) vs raw serial "
-        f"1/p50 = {raw_serial:.2f}/s -> **{served_best / raw_serial:.2f}x**",
+        f"- throughput: best served {rate(served_best)}/s ({sweep.level_name} {best[sweep.level_column]}) vs raw serial "
+        f"1/p50 = {rate(raw_serial)}/s -> **{served_best / raw_serial:.2f}x**",
     ]
     if base.get("best_batch"):
         bb = base["best_batch"]
-        lines.append(f"- throughput: best served {served_best:.2f}/s vs raw best batch (B={bb['batch_size']}, "
-                     f"{bb['mean_ms']:.1f} ms per call) {bb['generations_per_s']:.2f}/s -> "
+        lines.append(f"- throughput: best served {rate(served_best)}/s vs raw best batch (B={bb['batch_size']}, "
+                     f"{bb['mean_ms']:.1f} ms per call) {rate(bb['generations_per_s'])}/s -> "
                      f"**{served_best / bb['generations_per_s']:.2f}x**")
     return lines
 
@@ -386,7 +391,7 @@ def ratios(sweep: Sweep, rows: list[dict], base: dict) -> list[str]:
 def baseline_summary(base: dict) -> str:
     if not base:
         return "Raw baseline skipped."
-    batched = ", ".join(f"B={b['batch_size']} {b['mean_ms']:.1f} / {b['generations_per_s']:.2f}" for b in base["batched"])
+    batched = ", ".join(f"B={b['batch_size']} {b['mean_ms']:.1f} / {rate(b['generations_per_s'])}" for b in base["batched"])
     return (f"Raw: `{base['pipeline']}` from `{base['model'].replace(f'{ROOT}/', '')}`, the first input-data entry's "
             f"request, output uint8 as the server returns, device {base['device']}, {base['dtype']}, "
             f"torch threads: {base['torch_threads']}. Serial: {base['runs']} runs after {base['warmup']} warm-up, mean "
@@ -405,9 +410,9 @@ def results_table(sweep: Sweep, levels: list[Level]) -> str:
         if r is None:
             lines.append(f"| {lv.level:g} | did not settle (exit {lv.rc}; windows in the raw output below) |")
             continue
-        cells = [f"{lv.level:g}", f"{float(r['Inferences/Second']):.2f}"]
-        cells += [f"{float(r['Response Throughput']):.1f}"] if streaming else []
-        cells += [f"{lv.level * 1e6 / float(r['Avg latency']):.2f}"] if sweep.concurrency else [lv.delayed]
+        cells = [f"{lv.level:g}", rate(r['Inferences/Second'])]
+        cells += [rate(r['Response Throughput'])] if streaming else []
+        cells += [rate(lv.level * 1e6 / float(r['Avg latency']))] if sweep.concurrency else [lv.delayed]
         cells += [f"{ms(r[k]):.1f}" for k in ("Avg latency", "p50 latency", "p90 latency", "p95 latency",
                                                "p99 latency", "Server Queue", "Server Compute Infer")]
         lines.append("| " + " | ".join(cells) + " |")
