@@ -5,6 +5,11 @@ step boundary, finished ones leave); the engine decides *how* they run: requests
 grouped by compatibility key and each group shares one transformer forward. Every
 group present in a batch is stepped in the same `execute`, so a request never waits
 behind another group for more than one forward of each other group (bounded wait).
+
+Each step's NaN/inf check is read one step late (`StepChecks`): waiting for it at once
+would idle the GPU between steps, while dit sends progress and Triton hands the request
+back. A step counts as done, and its progress is reported, once its check has passed; a
+request's last step is checked at once, before its latents leave.
 """
 from __future__ import annotations
 
@@ -23,7 +28,7 @@ from .state import RequestState, TextConditioning
 
 @dataclass
 class StepReport:
-    """What one engine step did, for metrics and logs."""
+    """What one engine step did, for metrics, logs and progress."""
 
     forwards: int
     batch_sizes: list[int]
@@ -33,6 +38,47 @@ class StepReport:
     failed: dict[str, str] = field(default_factory=dict)
     # Group forwards that failed and were retried one request at a time.
     isolation_retries: int = 0
+    # key -> its previous step, whose check passed in this call: the progress to report now.
+    # A request that finished (state.done, not failed) passed the check of its last step too.
+    confirmed: dict[str, int] = field(default_factory=dict)
+
+
+class StepChecks:
+    """Whether one engine step left each request's model output and latents finite.
+
+    The flags go to the host asynchronously (pinned memory, a CUDA event) so that reading
+    them waits for this step's work only, never for a step queued after it."""
+
+    def __init__(self, entries: list[tuple[RequestState, tuple[str, str], tuple[torch.Tensor, torch.Tensor]]]):
+        flags = torch.stack([flag for _, _, pair in entries for flag in pair]).reshape(-1, 2)
+        self.ready = None
+        if flags.is_cuda:
+            host = torch.empty(flags.shape, dtype=flags.dtype, pin_memory=True)
+            host.copy_(flags, non_blocking=True)
+            self.ready = torch.cuda.Event()
+            self.ready.record(torch.cuda.current_stream(flags.device))
+            flags = host
+        self.flags = flags
+        self.values: list[list[bool]] | None = None
+        # key -> (row in flags, step number, "denoise step k/N", "(in a forward of n requests)")
+        self.rows = {state.key: (row, state.step_index, *where) for row, (state, where, _) in enumerate(entries)}
+
+    def failure(self, key: str) -> str | None:
+        """Why the request's step was not finite, or None; waits for that step's GPU work."""
+        if self.values is None:
+            if self.ready is not None:
+                self.ready.synchronize()
+            self.values = self.flags.tolist()
+        row, _, step, batch = self.rows[key]
+        output_ok, latents_ok = self.values[row]
+        if not output_ok:
+            return f"{step} produced non-finite values (NaN/inf) in the transformer output {batch}"
+        if not latents_ok:
+            return f"{step} produced non-finite latents (NaN/inf) in the scheduler step {batch}"
+        return None
+
+    def step_number(self, key: str) -> int:
+        return self.rows[key][1]
 
 
 def _subject(state: RequestState) -> Subject:
@@ -73,36 +119,47 @@ class StepEngine:
             if state.done:
                 raise RuntimeError(f"request {key} has no steps left")
             groups[state.compat_key].append(state)
-        report, checks = StepReport(0, [], 0.0), []
+        previous = {key: self.table[key].unchecked for key in keys}
+        report, entries = StepReport(0, [], 0.0), []
         for states in groups.values():
             for state in states:
                 if state.first_step_at is None:
                     state.first_step_at = start
                 state.last_seen = start
-            self._step_group(states, report, checks)
-        if checks:
-            # NaN/inf never reaches the VAE: one device sync per step reads every request's flags.
-            flags = torch.stack([flag for _, _, pair in checks for flag in pair]).tolist()
-            for i, (state, where, _) in enumerate(checks):
-                if not flags[2 * i]:
-                    report.failed[state.key] = f"{where[0]} produced non-finite values (NaN/inf) in the transformer " \
-                                               f"output {where[1]}"
-                elif not flags[2 * i + 1]:
-                    report.failed[state.key] = f"{where[0]} produced non-finite latents (NaN/inf) in the scheduler " \
-                                               f"step {where[1]}"
+            self._step_group(states, report, entries)
+        if entries:  # queued on the device; read at the request's next step
+            checks = StepChecks(entries)
+            for state, _, _ in entries:
+                state.unchecked = checks
+        # Now that this step is queued, read the previous one's checks (NaN/inf never reaches
+        # the VAE): the earliest failure is the one reported.
+        for key, checks in previous.items():
+            problem = checks.failure(key) if checks is not None else None
+            if problem:
+                report.failed[key] = problem
+            elif checks is not None:
+                report.confirmed[key] = checks.step_number(key)
+        for key in keys:  # a last step is checked before its latents leave
+            state = self.table[key]
+            if state.done and key not in report.failed:
+                problem = state.unchecked.failure(key)
+                if problem:
+                    report.failed[key] = problem
+            if state.done or key in report.failed:
+                state.unchecked = None
         report.forwards, report.seconds = len(report.batch_sizes), time.monotonic() - start
         return report
 
-    def _step_group(self, states: list[RequestState], report: StepReport, checks: list) -> None:
+    def _step_group(self, states: list[RequestState], report: StepReport, entries: list) -> None:
         """One forward over a compatibility group (split per request if it fails), then steps."""
         def fail(state: RequestState, exc: Exception) -> None:
             report.failed[state.key] = (f"denoise step {state.step_index + 1}/{state.total_steps} failed in "
                                         f"the transformer forward: {type(exc).__name__}: {exc}")
 
         report.isolation_retries += isolating_failures(
-            states, lambda group: self._forward_and_step(group, report, checks), fail)
+            states, lambda group: self._forward_and_step(group, report, entries), fail)
 
-    def _forward_and_step(self, states: list[RequestState], report: StepReport, checks: list) -> None:
+    def _forward_and_step(self, states: list[RequestState], report: StepReport, entries: list) -> None:
         """Raises only from the forward, before any state changed; scheduler failures are per request."""
         outputs = self.faults.at("denoise", [_subject(s) for s in states], self.adapter.denoise(states))
         report.batch_sizes.append(len(states))
@@ -115,7 +172,7 @@ class StepEngine:
             except Exception as exc:
                 report.failed[state.key] = f"{step} failed in the scheduler step {batch}: {type(exc).__name__}: {exc}"
                 continue
-            checks.append((state, (step, batch), (torch.isfinite(output).all(), torch.isfinite(state.latents).all())))
+            entries.append((state, (step, batch), (torch.isfinite(output).all(), torch.isfinite(state.latents).all())))
 
     def release(self, key: str) -> RequestState | None:
         """Drop a request's state; idempotent, so cancel, timeout and error may race."""

@@ -43,6 +43,8 @@ class RequestState:
     admitted_at: float = field(default_factory=time.monotonic)
     first_step_at: float | None = None
     last_seen: float = field(default_factory=time.monotonic)
+    # The NaN/inf check of its latest step, not read yet (engine.StepChecks): read at its next step.
+    unchecked: Any = None
 
     @property
     def total_steps(self) -> int:

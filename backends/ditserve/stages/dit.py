@@ -2,8 +2,9 @@
 
 Triton's sequence batcher (`iterative_sequence: true`) hands `execute` every request
 that is ready for its next step: new ones and rescheduled ones. In `step` mode each
-`execute` runs ONE denoise step for the whole batch, sends each request a progress
-response, finishes the ones that are done (final response with CPU latents) and
+`execute` runs ONE denoise step for the whole batch, sends each request the progress of
+its previous step (its NaN/inf check is read one step late so the GPU never waits on
+us; engine.py), finishes the ones that are done (final response with CPU latents) and
 reschedules the rest, so requests join and leave at step boundaries.
 `serial` / `request_batch` modes run the batch start to end in one `execute` instead:
 they are the controls that step batching is measured against.
@@ -65,6 +66,10 @@ def task_specs(config) -> tuple[TensorSpec, ...]:
 OUTPUT_NAMES = tuple(spec.name for spec in OUTPUTS) + ("latents",)
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 CANCELLED = "cancelled by the client"
+
+
+def _progress(step: int, total: int):
+    return to_pb("progress", torch.tensor([[step, total]], dtype=torch.int32))
 
 
 def request_key(request) -> str:
@@ -158,15 +163,15 @@ class DitStage:
         for key, request in active:
             state = self.engine.table[key]
             wanted = requested_outputs(request, OUTPUT_NAMES)
-            progress = to_pb("progress", torch.tensor([[state.step_index, state.total_steps]], dtype=torch.int32))
             sender = request.get_response_sender()
+            if key in report.confirmed and "progress" in wanted:  # the previous step, now checked
+                sender.send(pb_utils.InferenceResponse([_progress(report.confirmed[key], state.total_steps)]))
             if state.done:
                 latents = to_pb("latents", state.latents.float().cpu())
                 self._release(key)
+                progress = _progress(state.total_steps, state.total_steps)
                 sender.send(pb_utils.InferenceResponse([t for t in (progress, latents) if t.name() in wanted]),
                             flags=FINAL)
-            elif "progress" in wanted:
-                sender.send(pb_utils.InferenceResponse([progress]))
         self.metrics.state_table.set(len(self.engine))
 
     def _ended_by_client(self, request, key: str) -> bool:
