@@ -30,8 +30,8 @@
 #   sweeps    the named perf_analyzer sweeps in SWEEPS (default gpu-pixart1024-unary,gpu-pixart1024-stream),
 #             one after the other, each with its own raw baseline and server (perf/run_perf_analyzer.sh)
 #             -> $OUT/sweeps.tgz (each sweep's .md/.csv/.json/.png, ready for perf/results/);
-#             not in `all`; ~3.5 min per PixArt sweep plus the build (measured); a Wan sweep is
-#             estimated at ~4-5 min plus the Wan build (not yet run): one per call
+#             not in `all`; ~3.5 min per PixArt sweep plus the build; a Wan sweep 5-5.5 min
+#             (the first also builds Wan, 23 s): one per call (measured)
 #   video     full-size Wan2.1-T2V-1.3B (random weights) -> models/wan2.1-t2v-1.3b-random
 #             (~14 GB), then perf/video_transport.py: one 81x480x832 video (97 MB) delivered by
 #             gRPC, system shm and CUDA shm, with stage accounting -> $OUT/video_transport.json
