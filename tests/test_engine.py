@@ -78,10 +78,11 @@ def test_stepping_a_finished_or_duplicate_request_is_an_error(engine):
 
 def test_a_step_is_confirmed_at_the_next_step_and_the_last_at_once(engine):
     """The NaN/inf check of a step is read at the request's next step (so the GPU is not left
-    idle between steps); progress may only be reported for confirmed steps."""
-    _admit(engine, "c", _params(1, steps=3))
-    confirmed = [engine.step(["c"]).confirmed for _ in range(3)]
-    assert confirmed == [{}, {"c": 1}, {"c": 2}]
+    idle between steps), except for its first step (time to first step) and its last;
+    progress may only be reported for confirmed steps."""
+    _admit(engine, "c", _params(1, steps=4))
+    confirmed = [engine.step(["c"]).confirmed for _ in range(4)]
+    assert confirmed == [{"c": 1}, {}, {"c": 2}, {"c": 3}]
     state = engine.table["c"]
     assert state.done and state.unchecked is None, "the last step was checked before its latents may leave"
     engine.release("c")
@@ -92,8 +93,8 @@ def test_a_non_finite_step_is_reported_by_its_own_number(engine):
     _admit(engine, "ok", _params(2, steps=4))
     engine.step(["nan", "ok"])
     engine.table["nan"].latents = torch.full_like(engine.table["nan"].latents, float("nan"))
-    second = engine.step(["nan", "ok"])   # scheduler output of step 2 stays NaN
-    assert second.failed == {} and second.confirmed == {"nan": 1, "ok": 1}
+    second = engine.step(["nan", "ok"])   # step 2's output and latents are NaN; read at step 3
+    assert second.failed == {} and second.confirmed == {}
     third = engine.step(["nan", "ok"])
     assert list(third.failed) == ["nan"] and "step 2/4" in third.failed["nan"], third.failed
     assert third.confirmed == {"ok": 2}

@@ -8,8 +8,9 @@ behind another group for more than one forward of each other group (bounded wait
 
 Each step's NaN/inf check is read one step late (`StepChecks`): waiting for it at once
 would idle the GPU between steps, while dit sends progress and Triton hands the request
-back. A step counts as done, and its progress is reported, once its check has passed; a
-request's last step is checked at once, before its latents leave.
+back. A step counts as done, and its progress is reported, once its check has passed. A
+request's first step is checked at once (its progress is what time-to-first-step measures)
+and so is its last, before its latents leave.
 """
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ class StepReport:
     failed: dict[str, str] = field(default_factory=dict)
     # Group forwards that failed and were retried one request at a time.
     isolation_retries: int = 0
-    # key -> its previous step, whose check passed in this call: the progress to report now.
+    # key -> the step whose check passed in this call (its previous one, or its first): the
+    # progress to report now.
     # A request that finished (state.done, not failed) passed the check of its last step too.
     confirmed: dict[str, int] = field(default_factory=dict)
 
@@ -139,12 +141,15 @@ class StepEngine:
                 report.failed[key] = problem
             elif checks is not None:
                 report.confirmed[key] = checks.step_number(key)
-        for key in keys:  # a last step is checked before its latents leave
-            state = self.table[key]
-            if state.done and key not in report.failed:
+        for key in keys:  # a last step is checked before its latents leave, a first one before
+            state = self.table[key]   # its progress (what time-to-first-step clients wait for)
+            if (state.done or state.step_index == 1) and key not in report.failed and state.unchecked is not None:
                 problem = state.unchecked.failure(key)
                 if problem:
                     report.failed[key] = problem
+                elif not state.done:
+                    report.confirmed[key] = 1
+                state.unchecked = None
             if state.done or key in report.failed:
                 state.unchecked = None
         report.forwards, report.seconds = len(report.batch_sizes), time.monotonic() - start

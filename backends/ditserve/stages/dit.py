@@ -3,8 +3,8 @@
 Triton's sequence batcher (`iterative_sequence: true`) hands `execute` every request
 that is ready for its next step: new ones and rescheduled ones. In `step` mode each
 `execute` runs ONE denoise step for the whole batch, sends each request the progress of
-its previous step (its NaN/inf check is read one step late so the GPU never waits on
-us; engine.py), finishes the ones that are done (final response with CPU latents) and
+the step whose NaN/inf check just passed (mostly read one step late, so the GPU does not
+wait on us; engine.py), finishes the ones that are done (final response with CPU latents) and
 reschedules the rest, so requests join and leave at step boundaries.
 `serial` / `request_batch` modes run the batch start to end in one `execute` instead:
 they are the controls that step batching is measured against.
@@ -164,7 +164,7 @@ class DitStage:
             state = self.engine.table[key]
             wanted = requested_outputs(request, OUTPUT_NAMES)
             sender = request.get_response_sender()
-            if key in report.confirmed and "progress" in wanted:  # the previous step, now checked
+            if key in report.confirmed and "progress" in wanted:  # a step whose check just passed
                 sender.send(pb_utils.InferenceResponse([_progress(report.confirmed[key], state.total_steps)]))
             if state.done:
                 latents = to_pb("latents", state.latents.float().cpu())
