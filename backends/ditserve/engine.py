@@ -133,27 +133,30 @@ class StepEngine:
             checks = StepChecks(entries)
             for state, _, _ in entries:
                 state.unchecked = checks
-        # Now that this step is queued, read the previous one's checks (NaN/inf never reaches
-        # the VAE): the earliest failure is the one reported.
-        for key, checks in previous.items():
-            problem = checks.failure(key) if checks is not None else None
-            if problem:
-                report.failed[key] = problem
-            elif checks is not None:
-                report.confirmed[key] = checks.step_number(key)
-        for key in keys:  # a last step is checked before its latents leave, a first one before
-            state = self.table[key]   # its progress (what time-to-first-step clients wait for)
-            if (state.done or state.step_index == 1) and key not in report.failed and state.unchecked is not None:
+        self._read_checks(keys, previous, report)
+        report.forwards, report.seconds = len(report.batch_sizes), time.monotonic() - start
+        return report
+
+    def _read_checks(self, keys: list[str], previous: dict, report: StepReport) -> None:
+        """Now that this step is queued, read the previous step's checks; read a first or last
+        step's own check at once. NaN/inf never reaches the VAE; the earliest failure is reported."""
+        for key in keys:
+            state, earlier = self.table[key], previous[key]
+            if earlier is not None:
+                problem = earlier.failure(key)
+                if problem:
+                    report.failed[key] = problem
+                else:
+                    report.confirmed[key] = earlier.step_number(key)
+            at_once = state.done or state.step_index == 1   # latents leave / time to first step
+            if at_once and key not in report.failed and state.unchecked is not None:
                 problem = state.unchecked.failure(key)
                 if problem:
                     report.failed[key] = problem
                 elif not state.done:
-                    report.confirmed[key] = 1
+                    report.confirmed[key] = state.step_index
+            if at_once or key in report.failed:
                 state.unchecked = None
-            if state.done or key in report.failed:
-                state.unchecked = None
-        report.forwards, report.seconds = len(report.batch_sizes), time.monotonic() - start
-        return report
 
     def _step_group(self, states: list[RequestState], report: StepReport, entries: list) -> None:
         """One forward over a compatibility group (split per request if it fails), then steps."""
