@@ -2,11 +2,12 @@
 
 `dit` is an iterative-sequence model: Triton hands the same request back to `execute` at
 every denoise step, and the Python backend copies the request's inputs into the stub each
-time. Prompt embeddings are large (PixArt-Sigma [2, 300, 4096] fp32 = 9.8 MB, Wan's UMT5
-16.8 MB, plus Wan I2V's 10 MB first-frame condition), and that copy measured 3.6 ms per step
-for 9.8 MB on a 2-core host (perf/results/2026-11-29-cpu-step-overhead.md). So the public
-model writes them here under the generation's id (the `dit` request id), sends `dit` only
-the small `params`, and `dit` takes them at admission: the file is gone as soon as it is read.
+time. Prompt embeddings are large (PixArt-Sigma's [2, 300, 4096] are 4.9 MB in bf16 and
+9.8 MB in fp32, Wan's UMT5 [2, 512, 4096] 8.4 / 16.8 MB, plus Wan I2V's 10 MB first-frame
+condition), and that copy measured 3.6 ms per step for 9.8 MB on a 2-core host
+(perf/results/2026-11-29-cpu-step-overhead.md). So the public model writes them here under
+the generation's id (the `dit` request id), sends `dit` only the small `params`, and `dit`
+takes them at admission: the file is gone as soon as it is read.
 
 Files live in a directory private to this server process (all stubs share tritonserver as
 parent), on tmpfs where there is one. A file whose generation never reached `dit` (it
