@@ -238,6 +238,7 @@ try:
                                     ("denoise", "denoise_duration", "txt2img_stream"),
                                     ("decode (BLS to vae_decode and back)", "decode_duration", "txt2img_stream"),
                                     ("dit step", "step_duration", "dit"),
+                                    ("dit admission", "admission_duration", "dit"),
                                     ("time to first step", "time_to_first_step", "txt2img_stream"))}
     # Triton's own time per model for the same requests (per solo request): a stage's time in the
     # public model minus the called model's queue + compute is the BLS hop's cost.

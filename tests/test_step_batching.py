@@ -165,7 +165,7 @@ def test_metrics_expose_the_engine(server):
         client.generate(GenerationRequest("metrics", seed=1, num_inference_steps=3))
     samples = scrape(server.metrics_url)
     for name in ("ditserve_step_batch_size_count", "ditserve_state_table_size", "ditserve_active_generations",
-                 "ditserve_step_duration_seconds_count"):
+                 "ditserve_step_duration_seconds_count", "ditserve_admission_duration_seconds_count"):
         assert (name, "dit") in samples, name
     for name in ("ditserve_requests_completed_total", "ditserve_time_to_first_step_seconds_count",
                  "ditserve_encode_duration_seconds_count", "ditserve_denoise_duration_seconds_count",

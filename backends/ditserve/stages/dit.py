@@ -14,6 +14,7 @@ Every request ends with exactly one final response: its latents, or an `error` o
 """
 from __future__ import annotations
 
+import time
 
 import numpy as np
 import torch
@@ -121,6 +122,7 @@ class DitStage:
         return None
 
     def _admit(self, request, key: str) -> None:
+        start = time.monotonic()
         params = GenerationParams.from_json(input_numpy(request, "params").reshape(-1)[0])
         check_params(params, self.deployment)  # dit is reachable directly too: same limits as the public models
         names = ["embeds", "mask", *(name for name, _ in TASK_CONDITIONING.get(self.deployment.task, ()))]
@@ -137,6 +139,7 @@ class DitStage:
             tensors = {name: to_torch(tensor)[0] for name, tensor in sent.items()}
         extra = {name: tensors[name] for name in names[2:]}
         self.engine.admit(key, params, TextConditioning(tensors["embeds"], tensors["mask"], extra=extra))
+        self.metrics.admission_seconds.observe(time.monotonic() - start)
 
     def _step(self, active: list) -> None:
         """One denoise step for every active request; finished ones get their final response."""

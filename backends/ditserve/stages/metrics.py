@@ -47,6 +47,9 @@ class DitMetrics:
                                     BATCH_BUCKETS)
         self.step_seconds = histogram("ditserve_step_duration_seconds", "Wall time of one dit step (all groups)",
                                       model, SECONDS_BUCKETS)
+        self.admission_seconds = histogram("ditserve_admission_duration_seconds",
+                                           "Wall time to admit one generation: its conditioning taken and moved "
+                                           "to the device, its noise and scheduler made", model, SECONDS_BUCKETS)
         self.garbage = counter("ditserve_state_garbage_collected_total",
                                "States released because their request never came back", model)
         self.isolation_retries = counter("ditserve_step_isolation_retries_total",
