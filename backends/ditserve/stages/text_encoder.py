@@ -17,6 +17,7 @@ import triton_python_backend_utils as pb_utils
 
 from ..adapters import adapter_for
 from ..adapters.base import instance_device
+from ..deployment import Deployment
 from ..faults import Subject, injector
 from ..isolation import isolating_failures
 from .common import TensorSpec, declare, error_response, stage_deployment, to_pb
@@ -26,7 +27,8 @@ EMBEDS_TYPES = {"float32": "TYPE_FP32", "float16": "TYPE_FP16", "bfloat16": "TYP
 MAX_ROWS = 2  # negative + prompt: the only shape the public models send
 
 
-def outputs(deployment) -> tuple[TensorSpec, ...]:
+def outputs(deployment: Deployment) -> tuple[TensorSpec, ...]:
+    """`embeds` in the deployment's dtype, `mask` as int64."""
     return (TensorSpec("embeds", EMBEDS_TYPES[deployment.model.dtype], (-1, -1, -1)),
             TensorSpec("mask", "TYPE_INT64", (-1, -1)))
 
