@@ -99,3 +99,13 @@ def requested_outputs(request, declared) -> set[str]:
 
 def error_response(message: str, code=pb_utils.TritonError.INTERNAL):
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
+
+
+def ended_if_cancelled(request) -> bool:
+    """End a decoupled request whose client is gone with the final flag alone, and say so.
+    Sending any response to a cancelled request segfaulted Triton 2.51's stub
+    (perf/repro_bls_cancel/)."""
+    if not request.is_cancelled():
+        return False
+    request.get_response_sender().send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    return True

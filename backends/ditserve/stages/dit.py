@@ -29,7 +29,8 @@ from ..faults import injector
 from ..handoff import ConditioningStore
 from ..schema import GenerationParams, check_params
 from ..state import TextConditioning
-from .common import TensorSpec, declare, error_response, input_numpy, requested_outputs, stage_deployment, to_pb, to_torch
+from .common import (TensorSpec, declare, ended_if_cancelled, error_response, input_numpy, requested_outputs,
+                     stage_deployment, to_pb, to_torch)
 from .metrics import DitMetrics
 
 # The public models hand `embeds` and `mask` (and a task's conditioning) over out of band
@@ -187,10 +188,7 @@ class DitStage:
     def _end(self, request, key: str, error: str) -> None:
         """The one terminal response of a request that did not finish."""
         self._release(key)
-        if request.is_cancelled():
-            # Its client is gone: the final flag alone. A response sent to a cancelled request
-            # segfaulted Triton 2.51's stub (perf/repro_bls_cancel/).
-            request.get_response_sender().send(flags=FINAL)
+        if ended_if_cancelled(request):
             return
         if "error" in requested_outputs(request, OUTPUT_NAMES):
             message = pb_utils.Tensor("error", np.frombuffer(error.encode("utf-8"), dtype=np.uint8)[None])

@@ -30,8 +30,8 @@ from ..deployment import TASK_CONDITIONING, Deployment
 from ..faults import Subject, injector
 from ..handoff import ConditioningStore
 from ..schema import IMAGE_INPUT, TASK_INPUTS, GenerationParams, InvalidRequest, decode_image, decode_request
-from .common import (TensorSpec, declare, error_response, input_numpy, media_dims, requested_outputs, stage_deployment,
-                     to_pb, to_torch, utf8_text)
+from .common import (TensorSpec, declare, ended_if_cancelled, error_response, input_numpy, media_dims,
+                     requested_outputs, stage_deployment, to_pb, to_torch, utf8_text)
 from .liveness import StubDied, StubWatch
 from .metrics import GenerateMetrics
 
@@ -167,10 +167,7 @@ class GenerateStage:
         on_progress = (lambda progress: sender.send(pb_utils.InferenceResponse([progress]))) \
             if "progress" in wanted else None
         response = self._respond(request, on_progress)
-        if request.is_cancelled():
-            # The client is gone: end the request with the final flag alone. Sending a response
-            # to a cancelled request segfaulted Triton 2.51's stub (perf/repro_bls_cancel/).
-            sender.send(flags=FINAL)
+        if ended_if_cancelled(request):
             return
         try:
             sender.send(response, flags=FINAL)
