@@ -44,14 +44,19 @@ RUN python3 -m pip install --no-cache-dir --no-deps -e /opt/ditserve \
     && ln -s /opt/ditserve/backends/diffusion /opt/tritonserver/backends/diffusion \
     && python3 scripts/render_repository.py --deployment configs/pixart-sigma-1024.toml \
         --out /opt/ditserve/model_repository_gpu \
-    && install -d -o triton-server -g triton-server /home/triton-server /home/triton-server/.cache/huggingface
+    && install -d -o triton-server -g triton-server /home/triton-server /home/triton-server/.cache/huggingface \
+        /var/cache/ditserve /var/cache/ditserve/inductor
 
 # The real-checkpoint GPU deployment. Its [model] path is a hub id (needs network on first
 # load) unless you mount a checkpoint and point DITSERVE_DEPLOYMENT at a config naming it.
 # HF_HUB_OFFLINE is left to the user.
+# TORCHINDUCTOR_CACHE_DIR: the deployment's [accel] compiles the transformer while the model
+# loads (minutes the first time); mount a volume here (docs/docker.md) and a restart reuses it.
 ENV DITSERVE_DEPLOYMENT=/opt/ditserve/configs/pixart-sigma-1024.toml \
     HF_HOME=/home/triton-server/.cache/huggingface \
+    TORCHINDUCTOR_CACHE_DIR=/var/cache/ditserve/inductor \
     PYTHONUNBUFFERED=1
+VOLUME ["/var/cache/ditserve"]
 
 # triton-server (uid/gid 1000 in every Triton image); numeric, so Kubernetes' runAsNonRoot can check it.
 USER 1000:1000

@@ -36,6 +36,11 @@
 #             (~14 GB), then perf/video_transport.py: one 81x480x832 video (97 MB) delivered by
 #             gRPC, system shm and CUDA shm, with stage accounting -> $OUT/video_transport.json
 #             (not in `all`; ~4-6 min)
+#   accel     issue 23: served with [accel] (ACCEL_SETTINGS, default transformer=cuda_graphs) vs eager
+#             diffusers in the same call, per row of ACCEL_ROWS (pixart512, pixart1024: full-size PixArt,
+#             20 steps, solo + closed loop at capacity; wan: 81x480x832, 10 steps, solo) ->
+#             $OUT/accel.tgz (perf/accel_bench.py's JSON and server log per row); ~4-5 min per PixArt
+#             row with its build, compile and warm-up (not in `all`)
 #   i2v       full-size Wan2.1-I2V-14B-480P (random weights) -> models/wan2.1-i2v-14b-480p-random
 #             (~46 GB: transformer 16.4B, UMT5-XXL 5.7B, CLIP ViT-H/14 0.63B, VAE), then
 #             perf/video_transport.py on configs/wan2.1-i2v-14b-480p-random.toml: img2vid_stream,
@@ -303,6 +308,37 @@ stage_video() {
     return $rc
 }
 
+# Issue 23's rows (perf/accel_bench.py: eager diffusers, then the served [accel] variant, in the
+# same call): ACCEL_ROWS picks them, in order. Each row's JSON and server log land in $OUT/accel.tgz
+# after every row, so a call that runs out of time keeps the finished ones.
+accel_row() {
+    local common=(--out "$WORK/accel" --accel ${ACCEL_SETTINGS:-transformer=cuda_graphs})
+    case "$1" in
+        pixart512)  model_ready || stage_build || return $?
+                    "$PY" perf/accel_bench.py --deployment "$DEPLOYMENT" --name pixart512 --size 512x512 --steps 20 \
+                        --capacity 16 --raw-batches 8,16 --concurrency 16 --per-client 3 "${common[@]}" ;;
+        pixart1024) model_ready || stage_build || return $?
+                    "$PY" perf/accel_bench.py --deployment "$DEPLOYMENT" --name pixart1024 --size 1024x1024 --steps 20 \
+                        --capacity 8 --raw-batches 4,8 --concurrency 8 --per-client 2 "${common[@]}" ;;
+        wan)        build_wan_t2v || return $?
+                    "$PY" perf/accel_bench.py --deployment configs/wan2.1-t2v-1.3b-random.toml --name wan \
+                        --size 480x832 --frames 81 --steps 10 --guidance 5 --capacity 1 --raw-runs 2 --solo 2 \
+                        "${common[@]}" ;;
+        *) echo "unknown accel row: $1 (pixart512|pixart1024|wan)"; return 2 ;;
+    esac
+}
+
+stage_accel() {
+    local row rc=0
+    mkdir -p "$WORK/accel"
+    for row in ${ACCEL_ROWS//,/ }; do
+        log "accel row $row"
+        accel_row "$row" || { rc=$?; log "accel row $row: exit $rc"; }
+        tar -czf "$OUT/accel.tgz" -C "$WORK/accel" --exclude='repo-*' --exclude='*.npy' .
+    done
+    return $rc
+}
+
 stage_sweeps() {
     local dir="$WORK/sweeps" name rc=0
     mkdir -p "$dir"
@@ -499,15 +535,15 @@ main() {
     for s in "${stages[@]}"; do
         case "$s" in
             all) expanded+=(env build baseline smoke control) ;;
-            env|matrix|build|baseline|smoke|control|sweeps|soak|video|i2v) expanded+=("$s") ;;
+            env|matrix|build|baseline|smoke|control|sweeps|soak|video|i2v|accel) expanded+=("$s") ;;
             -h|--help) awk 'NR > 1 && /^#/ {print; next} NR > 1 {exit}' "$0"; return 0 ;;
-            *) echo "unknown stage: $s (env|matrix|build|baseline|smoke|control|sweeps|soak|video|i2v|all)"; return 2 ;;
+            *) echo "unknown stage: $s (env|matrix|build|baseline|smoke|control|sweeps|soak|video|i2v|accel|all)"; return 2 ;;
         esac
     done
     mkdir -p "$WORK"
-    export REPO_ROOT PY OUT DEADLINE_S DEPLOYMENT MODEL_DIR DEVICE SIZE STEPS WORK START_EPOCH
+    export REPO_ROOT PY OUT DEADLINE_S DEPLOYMENT MODEL_DIR DEVICE SIZE STEPS WORK START_EPOCH ACCEL_ROWS="${ACCEL_ROWS:-pixart512,pixart1024}" ACCEL_SETTINGS
     export -f log remaining model_ready stage_env stage_build stage_baseline stage_smoke stage_control collect_control \
-        stage_matrix build_wan_t2v stage_sweeps stage_soak stage_video stage_i2v
+        stage_matrix build_wan_t2v stage_sweeps stage_soak stage_video stage_i2v accel_row stage_accel
     log "stages: ${expanded[*]} (deadline ${DEADLINE_S}s)"
     for s in "${expanded[@]}"; do
         case "$s" in
@@ -521,6 +557,7 @@ main() {
             matrix) run_timed matrix 150 stage_matrix ;;
             video) run_timed video 240 stage_video ;;
             i2v) run_timed i2v 300 stage_i2v ;;
+            accel) run_timed accel 200 stage_accel ;;
         esac
     done
     [[ -f "$MODEL_DIR/build_info.json" && ! -f "$OUT/build_info.json" ]] && cp "$MODEL_DIR/build_info.json" "$OUT/"

@@ -115,6 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--batch-runs", type=int, default=3, help="timed calls per batch size (after 1 warm-up)")
     ap.add_argument("--device", default=None, help="default: the deployment's (auto = cuda:0 when present, else cpu)")
     ap.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"])
+    ap.add_argument("--save-media", default=None,
+                    help="write the first timed serial generation's uint8 media here (.npy): the oracle for PSNR")
     return ap
 
 
@@ -153,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     pipe.set_progress_bar_config(disable=True)
     cuda = device.startswith("cuda")
 
+    saved = []
+
     def generate(batch: int) -> float:
         """One pipeline call for `batch` prompts; ms, including the uint8 conversion the server does."""
         gens = [torch.Generator("cpu").manual_seed(args.seed + i) for i in range(batch)]
@@ -166,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         if cuda:
             torch.cuda.synchronize()
         assert media.shape == (batch, *media_shape), media.shape
+        saved[:] = [media[0]]
         return (time.perf_counter() - t0) * 1000.0
 
     sizes = (default_batch_sizes(dep.engine.capacity) if args.batch_sizes is None
@@ -175,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.warmup):
             generate(1)
         lat = [generate(1) for _ in range(args.runs)]
+        if args.save_media:
+            import numpy as np
+            np.save(args.save_media, saved[0])
         for b in sizes:
             generate(b)
             mean = statistics.fmean(generate(b) for _ in range(args.batch_runs))

@@ -25,6 +25,16 @@ def _state_table_empties(server) -> None:
     assert wait_for_metric(server.metrics_url, "ditserve_state_table_size", "dit", 0.0) == 0.0
 
 
+def assert_each_streamed_and_matches(requests: list, results: list, diffusers_pixart) -> None:
+    """Every request got one progress response per step, then an image equal to diffusers'."""
+    for request, (progress, image) in zip(requests, results):
+        steps = request.num_inference_steps
+        assert progress == [(i, steps) for i in range(1, steps + 1)]
+        expected = diffusers_image(diffusers_pixart, request.prompt, request.seed, steps,
+                                   request.guidance_scale or 4.5, negative_prompt=request.negative_prompt or "")
+        assert_matches(image, expected)
+
+
 def test_staggered_requests_batch_stepwise_and_each_matches_diffusers(server, diffusers_pixart):
     requests = [
         GenerationRequest("a red cat", seed=11, num_inference_steps=80),
@@ -38,12 +48,7 @@ def test_staggered_requests_batch_stepwise_and_each_matches_diffusers(server, di
     results = run_staggered(server.grpc_url, requests, wait_steps=2)  # each arrives mid-loop of the earlier ones
     after = scrape(server.metrics_url)
 
-    for request, (progress, image) in zip(requests, results):
-        steps = request.num_inference_steps
-        assert progress == [(i, steps) for i in range(1, steps + 1)]
-        expected = diffusers_image(diffusers_pixart, request.prompt, request.seed, steps,
-                                   request.guidance_scale or 4.5, negative_prompt=request.negative_prompt or "")
-        assert_matches(image, expected)
+    assert_each_streamed_and_matches(requests, results, diffusers_pixart)
     rows = after[("ditserve_step_batch_size_sum", "dit")] - before.get(("ditserve_step_batch_size_sum", "dit"), 0)
     assert rows == sum(r.num_inference_steps for r in requests), "one forward row per request per step"
     assert histogram_above(server.metrics_url, "ditserve_step_batch_size", "dit", "2") > big_batches, \

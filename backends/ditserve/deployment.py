@@ -84,6 +84,65 @@ class EngineSection:
     media_on_host: bool = True
 
 
+TRANSFORMER_ACCEL = ("eager", "compile", "cuda_graphs")
+STAGE_ACCEL = ("eager", "compile")
+
+
+@dataclass(frozen=True)
+class AccelSection:
+    """How the forwards run (ditserve/accel.py). All off by default: eager PyTorch, as diffusers.
+
+    transformer  eager | compile (torch.compile) | cuda_graphs (torch.compile, mode
+                 "reduce-overhead": one CUDA graph per row bucket; GPU only, eager kernels on CPU)
+    row_buckets  a step batch of n rows (CFG: 2 per request) runs padded to the smallest bucket
+                 >= n, so the compiled forward meets few shapes; empty = powers of two from 2
+                 up to 2 x [engine] capacity (a lone row pads to 2: one compile then serves all)
+    warm_sizes   the shapes compiled and captured while the model loads, before Triton reports
+                 READY: "HxW" (images) or "FxHxW" (videos). Other sizes run eager: never a
+                 compile on the request path
+    compile_backend  torch.compile's backend: inductor on GPUs; aot_eager / eager trace the same
+                 path on CPU in seconds (the CPU tests use them)
+    compile_cache    inductor's cache directory (keep it on a volume: restarts then skip most
+                 of the compile); "" = torch's default under /tmp
+    vae_decode, text_encoder  eager | compile, for those stages' forwards (warmed for warm_sizes)
+    fp8          the transformer's linear layers in FP8 (torchao, per-row dynamic activations)
+    """
+
+    transformer: str = "eager"
+    row_buckets: tuple[int, ...] = ()
+    warm_sizes: tuple[str, ...] = ()
+    compile_backend: str = "inductor"
+    compile_cache: str = ""
+    vae_decode: str = "eager"
+    text_encoder: str = "eager"
+    fp8: bool = False
+
+    @property
+    def compiles(self) -> bool:
+        return self.transformer != "eager" or self.vae_decode != "eager" or self.text_encoder != "eager"
+
+    def buckets(self, capacity: int) -> tuple[int, ...]:
+        """Row buckets, ascending; the default covers a full batch with CFG (2 x capacity rows)."""
+        if self.row_buckets:
+            return tuple(sorted(self.row_buckets))
+        buckets = [2]   # a lone row runs as 2: dynamo compiles a batch of 1 apart from all others
+        while buckets[-1] < 2 * capacity:
+            buckets.append(buckets[-1] * 2)
+        return tuple(buckets)
+
+    def sizes(self, video: bool) -> list[tuple[int, int, int]]:
+        """warm_sizes as (frames, height, width); frames = 1 for images."""
+        parsed = []
+        for text in self.warm_sizes:
+            parts = text.lower().split("x")
+            if len(parts) != (3 if video else 2) or not all(p.isdigit() and int(p) > 0 for p in parts):
+                form = "FxHxW (frames x height x width), e.g. \"81x480x832\"" if video else "HxW, e.g. \"512x512\""
+                raise ValueError(f"deployment [accel] warm_sizes entry {text!r} is not {form}")
+            values = [int(p) for p in parts]
+            parsed.append(tuple(values) if video else (1, *values))
+        return parsed
+
+
 @dataclass(frozen=True)
 class Faults:
     """Fault injection for reliability tests (see ditserve/faults.py). Empty = off, the default.
@@ -100,6 +159,7 @@ class Deployment:
     defaults: Defaults = field(default_factory=Defaults)
     limits: Limits = field(default_factory=Limits)
     engine: EngineSection = field(default_factory=EngineSection)
+    accel: AccelSection = field(default_factory=AccelSection)
     faults: Faults = field(default_factory=Faults)
     source: str = ""
 
@@ -135,7 +195,7 @@ def load_deployment(path: str | os.PathLike | None = None) -> Deployment:
     if not path.exists():
         raise FileNotFoundError(f"deployment config {path} not found; pick one under {REPO_ROOT / 'configs'}")
     data = tomllib.loads(path.read_text())
-    unknown = set(data) - {"model", "defaults", "limits", "engine", "faults"}
+    unknown = set(data) - {"model", "defaults", "limits", "engine", "accel", "faults"}
     if unknown:
         raise ValueError(f"deployment {path} has unknown sections {sorted(unknown)}")
     if "model" not in data:
@@ -145,6 +205,7 @@ def load_deployment(path: str | os.PathLike | None = None) -> Deployment:
         defaults=_section(Defaults, data.get("defaults", {}), "defaults"),
         limits=_section(Limits, data.get("limits", {}), "limits"),
         engine=_section(EngineSection, data.get("engine", {}), "engine"),
+        accel=_accel_section(data.get("accel", {})),
         faults=Faults(parse_rules(data.get("faults", {}))),
         source=str(path),
     )
@@ -158,7 +219,35 @@ def load_deployment(path: str | os.PathLike | None = None) -> Deployment:
         raise ValueError(f"deployment [engine] mode=\"serial\" needs capacity = 1, got {dep.engine.capacity}")
     if dep.engine.capacity < 1:
         raise ValueError(f"deployment [engine] capacity={dep.engine.capacity}; must be >= 1")
+    _check_accel(dep)
     return dep
+
+
+def _accel_section(data: dict) -> AccelSection:
+    lists = {k: tuple(v) for k, v in data.items() if k in ("row_buckets", "warm_sizes") and isinstance(v, list)}
+    return _section(AccelSection, {**data, **lists}, "accel")
+
+
+def _check_accel(dep: Deployment) -> None:
+    """Every [accel] value is checked here, at load, with the allowed values in the message."""
+    accel = dep.accel
+    choices = {"transformer": TRANSFORMER_ACCEL, "vae_decode": STAGE_ACCEL, "text_encoder": STAGE_ACCEL}
+    for key, allowed in choices.items():
+        if getattr(accel, key) not in allowed:
+            raise ValueError(f"deployment [accel] {key}={getattr(accel, key)!r}; allowed: {', '.join(allowed)}")
+    if not isinstance(accel.fp8, bool):
+        raise ValueError(f"deployment [accel] fp8={accel.fp8!r}; allowed: true, false")
+    if not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in accel.row_buckets):
+        raise ValueError(f"deployment [accel] row_buckets={list(accel.row_buckets)}; allowed: a list of "
+                         "integers >= 1, e.g. [1, 2, 4, 8]")
+    need = 2 * dep.engine.capacity
+    if accel.row_buckets and max(accel.row_buckets) < need:
+        raise ValueError(f"deployment [accel] row_buckets={list(accel.row_buckets)} must reach {need} rows "
+                         f"(2 x [engine] capacity, CFG rows included); add {need} or leave it empty")
+    accel.sizes(dep.is_video)  # raises on a malformed entry
+    if not isinstance(accel.compile_backend, str) or not accel.compile_backend:
+        raise ValueError(f"deployment [accel] compile_backend={accel.compile_backend!r}; allowed: a torch.compile "
+                         "backend name such as inductor, aot_eager, eager")
 
 
 def _toml_value(v) -> str:
@@ -191,10 +280,14 @@ def dump_toml(data: dict) -> str:
     return "\n".join(lines).lstrip() + "\n"
 
 
-def write_variant(base: Path, out: Path, engine: dict, writer: str) -> Deployment:
-    """Write `base` with the given [engine] keys replaced to `out` (perf tools serve such
-    variants side by side); returns it loaded, so anything the server would reject fails here."""
+def write_variant(base: Path, out: Path, engine: dict, writer: str, accel: dict | None = None) -> Deployment:
+    """Write `base` with the given [engine] (and [accel]) keys replaced to `out` (perf tools serve
+    such variants side by side); returns it loaded, so anything the server would reject fails here."""
     data = tomllib.loads(Path(base).read_text())
-    data["engine"] = {**data.get("engine", {}), **engine}
-    out.write_text(f"# variant of {base} with [engine] {engine} (written by {writer})\n" + dump_toml(data))
+    changes = {"engine": engine, "accel": accel or {}}
+    for section, keys in changes.items():
+        if keys:
+            data[section] = {**data.get(section, {}), **keys}
+    said = {name: keys for name, keys in changes.items() if keys}
+    out.write_text(f"# variant of {base} with {said} (written by {writer})\n" + dump_toml(data))
     return load_deployment(out)

@@ -24,8 +24,9 @@ from typing import ClassVar
 import torch
 from diffusers.utils.torch_utils import randn_tensor
 
+from ..accel import TransformerRunner, WarmCompiled, WarmupReport, apply_fp8, warm_attribute, warming
 from ..deployment import Deployment
-from ..schema import GenerationParams
+from ..schema import GenerationParams, check_params
 from ..state import RequestState, TextConditioning
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -75,6 +76,59 @@ class FamilyAdapter(ABC):
             deployment.model_location(), torch_dtype=self.dtype, **skipped
         ).to(self.device)
         self.check_limits(stage)
+        self.stage = stage
+        self.run_forward, self.stage_runner = self._accelerate(stage)
+
+    def _accelerate(self, stage: str) -> tuple[TransformerRunner | None, WarmCompiled | None]:
+        """The deployment's [accel] for this stage: dit's transformer runner, or a compiled
+        text encoder / VAE decode. Compiling happens in `warm_up`, never on the request path."""
+        accel = self.deployment.accel
+        if stage == "dit":
+            if accel.fp8:
+                apply_fp8(self.pipe.transformer)
+            return TransformerRunner(self.forward, accel, self.deployment.engine.capacity, self.device), None
+        if stage == "text_encoder" and accel.text_encoder == "compile":
+            return None, warm_attribute(self.pipe.text_encoder, "forward", accel)
+        if stage == "vae_decode" and accel.vae_decode == "compile":
+            return None, warm_attribute(self.pipe.vae, "decode", accel)
+        return None, None
+
+    def warm_up(self) -> WarmupReport:
+        """Compile (and capture) this stage's accelerated forward for every warm size, before
+        Triton reports the model READY, so that no request waits for a compile."""
+        report = WarmupReport()
+        for params in self.warm_params():
+            size = f"{params.num_frames}x" * self.deployment.is_video + f"{params.height}x{params.width}"
+            if self.stage == "dit":
+                state = self.prepare("warm-up", params, self.example_conditioning(params))
+                with self.run_forward.warming(report, size):
+                    self.denoise([state])
+            elif self.stage == "vae_decode":
+                with warming(self.stage_runner, report, size):
+                    self.decode(torch.zeros(self.latent_shape(params), device=self.device))
+        if self.stage == "text_encoder":
+            for rows in (2, 1):   # with and without CFG: one dynamic compile, and the size-1 special case
+                with warming(self.stage_runner, report, f"{rows} texts"):
+                    self.encode_text(["warm up"] * rows)
+        return report
+
+    def warm_params(self) -> list[GenerationParams]:
+        """One request per [accel] warm size (checked against the deployment's limits)."""
+        out = []
+        for frames, height, width in self.deployment.accel.sizes(self.deployment.is_video):
+            params = GenerationParams("warm up", "", height, width, 2, 1.0, 0, num_frames=frames)
+            try:
+                check_params(params, self.deployment)
+            except ValueError as exc:
+                raise ValueError(f"deployment [accel] warm_sizes: {exc}") from exc
+            out.append(params)
+        return out
+
+    def example_conditioning(self, params: GenerationParams) -> TextConditioning:
+        """Zero conditioning shaped as a real request's (no CFG): what warming needs."""
+        length = self.deployment.model.max_sequence_length
+        return TextConditioning(torch.zeros(1, length, self.text_embed_dim, dtype=self.dtype),
+                                torch.ones(1, length, dtype=torch.int64))
 
     # ---- family-specific -------------------------------------------------------------
     @abstractmethod
@@ -87,11 +141,19 @@ class FamilyAdapter(ABC):
 
     @abstractmethod
     def forward(self, latents: torch.Tensor, timesteps: torch.Tensor, cond: TextConditioning) -> torch.Tensor:
-        """One transformer forward over a stacked batch; returns the scheduler-ready output."""
+        """One transformer forward over a stacked batch; returns the scheduler-ready output.
+
+        Called by `denoise` under inference mode; not decorated itself, because torch.compile
+        fails on an inference-mode function whose inputs are inference tensors."""
 
     @abstractmethod
     def decode_latents(self, latents: torch.Tensor) -> torch.Tensor:
         """VAE decode to float media in [-1, 1], layout [N, C, H, W] (image) or [N, F, C, H, W] (video)."""
+
+    @property
+    @abstractmethod
+    def text_embed_dim(self) -> int:
+        """Width of the text embeddings the transformer takes (text_encoder's output)."""
 
     def check_limits(self, stage: str) -> None:
         """Fail at load time when the deployment's limits disagree with the model."""
@@ -134,19 +196,19 @@ class FamilyAdapter(ABC):
             masks.append(s.cond.mask)
             for name, t in s.cond.extra.items():  # one row per request, shared by its CFG rows
                 extras[name].append(t.expand(rows, *t.shape[1:]))
-        out = self.forward(torch.cat(latents), torch.cat(timesteps).to(self.device),
-                           TextConditioning(torch.cat(embeds), torch.cat(masks),
-                                            {name: torch.cat(ts) for name, ts in extras.items()}))
-        results, row = [], 0
-        for s in states:
-            if s.params.do_cfg:
-                uncond, text = out[row:row + 1], out[row + 1:row + 2]
-                results.append(uncond + s.params.guidance_scale * (text - uncond))
-                row += 2
-            else:
-                results.append(out[row:row + 1])
-                row += 1
-        return results
+        out = self.run_forward(torch.cat(latents), torch.cat(timesteps).to(self.device),
+                               TextConditioning(torch.cat(embeds), torch.cat(masks),
+                                                {name: torch.cat(ts) for name, ts in extras.items()}))
+        if not states[0].params.do_cfg:   # one compat key: all states guide alike
+            return list(out.split(1))
+        # CFG over the batch at once, rows [negative, prompt] per request, each with its own
+        # scale; as diffusers' `uncond + scale * (text - uncond)` with a Python float scale
+        # (computed in float32, rounded to the output's dtype).
+        uncond, text = out[0::2], out[1::2]
+        scales = torch.tensor([s.params.guidance_scale for s in states], dtype=torch.float32, device=out.device)
+        scales = scales.view(-1, *[1] * (out.ndim - 1))
+        guided = uncond + (scales * (text - uncond)).to(out.dtype)
+        return list(guided.split(1))
 
     def scheduler_step(self, state: RequestState, model_output: torch.Tensor) -> None:
         state.latents = state.scheduler.step(

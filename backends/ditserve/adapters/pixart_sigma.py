@@ -32,7 +32,10 @@ class PixArtSigmaAdapter(FamilyAdapter):
 
     def latent_shape(self, params: GenerationParams) -> tuple[int, ...]:
         scale = self.vae_scale_factor
-        return (1, self.pipe.transformer.config.in_channels, params.height // scale, params.width // scale)
+        # The transformer's input channels are the VAE's latent channels (vae_decode loads only the VAE).
+        channels = (self.pipe.transformer.config.in_channels if self.pipe.transformer is not None
+                    else self.pipe.vae.config.latent_channels)
+        return (1, channels, params.height // scale, params.width // scale)
 
     @cached_property
     def vae_scale_factor(self) -> int:
@@ -41,7 +44,10 @@ class PixArtSigmaAdapter(FamilyAdapter):
         config = vae.config if vae is not None else AutoencoderKL.load_config(self.deployment.model_location(), subfolder="vae")
         return 2 ** (len(config["block_out_channels"]) - 1)
 
-    @torch.inference_mode()
+    @property
+    def text_embed_dim(self) -> int:
+        return self.pipe.transformer.config.caption_channels
+
     def forward(self, latents: torch.Tensor, timesteps: torch.Tensor, cond: TextConditioning) -> torch.Tensor:
         transformer = self.pipe.transformer
         out = transformer(

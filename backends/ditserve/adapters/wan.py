@@ -41,7 +41,10 @@ class WanT2VAdapter(FamilyAdapter):
 
     @property
     def num_channels_latents(self) -> int:
-        """Channels of the noise the scheduler steps: WanPipeline takes the transformer's input channels."""
+        """Channels of the noise the scheduler steps: WanPipeline takes the transformer's input channels
+        (the VAE's z_dim, which is what vae_decode, loading only the VAE, knows)."""
+        if self.pipe.transformer is None:
+            return self._vae_config["z_dim"]
         return self.pipe.transformer.config.in_channels
 
     def latent_shape(self, params: GenerationParams) -> tuple[int, ...]:
@@ -76,7 +79,10 @@ class WanT2VAdapter(FamilyAdapter):
         """Frames per latent frame after the first."""
         return self._vae_config["scale_factor_temporal"]
 
-    @torch.inference_mode()
+    @property
+    def text_embed_dim(self) -> int:
+        return self.pipe.transformer.config.text_dim
+
     def forward(self, latents: torch.Tensor, timesteps: torch.Tensor, cond: TextConditioning) -> torch.Tensor:
         """Output stays in the transformer's dtype: WanPipeline applies CFG in that dtype too."""
         transformer = self.pipe.transformer

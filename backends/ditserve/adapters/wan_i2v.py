@@ -24,6 +24,7 @@ import PIL.Image
 import torch
 from diffusers import WanImageToVideoPipeline
 from diffusers.pipelines.wan.pipeline_wan_i2v import retrieve_latents
+from transformers import CLIPVisionConfig
 
 from ..schema import GenerationParams
 from ..state import RequestState, TextConditioning
@@ -120,6 +121,18 @@ class WanI2VAdapter(WanT2VAdapter):
         extra[CONDITION] = extra[CONDITION].to(torch.float32)  # joined to the float32 latents, then cast
         return state
 
+    def example_conditioning(self, params: GenerationParams) -> TextConditioning:
+        """The text's zeros plus image conditioning of a real request's shapes (CLIP tokens from
+        the image encoder's config: the dit stage does not load the encoder)."""
+        vision = CLIPVisionConfig.from_pretrained(self.deployment.model_location(), subfolder="image_encoder")
+        tokens = (vision.image_size // vision.patch_size) ** 2 + 1
+        _, _, frames, h, w = self.latent_shape(params)
+        condition = torch.zeros(1, self.pipe.transformer.config.in_channels - self.num_channels_latents, frames, h, w)
+        cond = super().example_conditioning(params)
+        cond.extra = {IMAGE_EMBEDS: torch.zeros(1, tokens, self.pipe.transformer.config.image_dim),
+                      CONDITION: condition}
+        return cond
+
     def check_conditioning(self, params: GenerationParams, extra: dict[str, torch.Tensor]) -> None:
         """Both pieces present and shaped for this request and model, before any work."""
         missing = [name for name in (IMAGE_EMBEDS, CONDITION) if name not in extra]
@@ -137,7 +150,6 @@ class WanI2VAdapter(WanT2VAdapter):
             raise ValueError(f"conditioning '{IMAGE_EMBEDS}' has shape {tuple(embeds.shape)}; "
                              f"need [1, tokens, {config.image_dim}]")
 
-    @torch.inference_mode()
     def forward(self, latents: torch.Tensor, timesteps: torch.Tensor, cond: TextConditioning) -> torch.Tensor:
         """[noise | mask | condition] rows in the transformer's dtype, as WanImageToVideoPipeline builds them."""
         transformer = self.pipe.transformer

@@ -109,3 +109,15 @@ def ended_if_cancelled(request) -> bool:
         return False
     request.get_response_sender().send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
     return True
+
+
+def warm_up(adapter, model_name: str):
+    """Compile and capture the stage's accelerated forwards before Triton reports READY, log
+    what it cost and expose it as ditserve_accel_* gauges (kept alive by the caller)."""
+    from .metrics import AccelMetrics
+    report = adapter.warm_up()
+    if report.variants:
+        pb_utils.Logger.log_info(
+            f"{model_name}: [accel] warmed {len(report.variants)} variant(s) in {report.seconds:.1f} s, "
+            f"{report.device_bytes / 2**20:.0f} MiB of device memory: {', '.join(report.variants)}")
+    return AccelMetrics(model_name, report)

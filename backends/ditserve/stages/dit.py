@@ -30,7 +30,7 @@ from ..handoff import ConditioningStore
 from ..schema import GenerationParams, check_params
 from ..state import TextConditioning
 from .common import (TensorSpec, declare, ended_if_cancelled, error_response, input_numpy, requested_outputs,
-                     stage_deployment, to_pb, to_torch)
+                     stage_deployment, to_pb, to_torch, warm_up)
 from .metrics import DitMetrics
 
 # The public models hand `embeds` and `mask` (and a task's conditioning) over out of band
@@ -96,6 +96,7 @@ class DitStage:
             )
         adapter = adapter_for(self.deployment.model.family)(self.deployment, "dit", instance_device(args))
         self.engine = StepEngine(adapter, injector(self.deployment, "dit"))
+        self.accel_metrics = warm_up(adapter, args["model_name"])
         self.cancels = CancelRegistry()
         self.handoff = ConditioningStore()
         self.metrics = DitMetrics(args["model_name"])
@@ -163,6 +164,7 @@ class DitStage:
         for size in report.batch_sizes:
             self.metrics.step_batch.observe(size)
         self.metrics.step_seconds.observe(report.seconds)
+        self.accel_metrics.count_forwards(self.engine.adapter.run_forward.calls)
         self.metrics.active.set(len(active))
         for key, request in active:
             state = self.engine.table[key]

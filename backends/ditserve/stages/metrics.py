@@ -86,3 +86,28 @@ class VaeEncodeMetrics:
         self.vae_encode = histogram("ditserve_vae_encode_duration_seconds",
                                     "Wall time of the first-frame VAE condition (resize + VAE encode) per request",
                                     model, SECONDS_BUCKETS)
+
+
+class AccelMetrics:
+    """What warming the accelerated forwards cost at load (accel.py): a restart's price; and,
+    for dit, how many transformer forwards ran compiled (a warm shape) or eager (any other)."""
+
+    def __init__(self, model: str, report) -> None:
+        self.compiled = counter("ditserve_compiled_forwards_total",
+                                "Transformer forwards run compiled / graph-captured (warm shapes)", model)
+        self.eager = counter("ditserve_eager_forwards_total",
+                             "Transformer forwards run eager ([accel] off, or a shape not warmed)", model)
+        self._counted = {"compiled": 0, "eager": 0}
+        self.seconds = gauge("ditserve_accel_warmup_seconds",
+                             "Seconds spent at load compiling and capturing the warm shapes", model)
+        self.device_bytes = gauge("ditserve_accel_warmup_device_bytes",
+                                  "Device memory reserved by the warm-up (compiled kernels, CUDA graph pools)", model)
+        self.seconds.set(report.seconds)
+        self.device_bytes.set(report.device_bytes)
+
+    def count_forwards(self, calls: dict[str, int]) -> None:
+        """Add what the runner counted since the last call."""
+        for path, metric in (("compiled", self.compiled), ("eager", self.eager)):
+            if calls[path] > self._counted[path]:
+                metric.increment(calls[path] - self._counted[path])
+                self._counted[path] = calls[path]

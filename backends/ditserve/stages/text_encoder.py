@@ -20,7 +20,7 @@ from ..adapters.base import instance_device
 from ..deployment import Deployment
 from ..faults import Subject, injector
 from ..isolation import isolating_failures
-from .common import TensorSpec, declare, error_response, stage_deployment, to_pb
+from .common import TensorSpec, declare, error_response, stage_deployment, to_pb, warm_up
 
 INPUTS = (TensorSpec("text", "TYPE_STRING", (-1,)),)
 EMBEDS_TYPES = {"float32": "TYPE_FP32", "float16": "TYPE_FP16", "bfloat16": "TYPE_BF16"}
@@ -42,6 +42,7 @@ class TextEncoderStage:
         self.deployment = stage_deployment(model_config)
         self.adapter = adapter_for(self.deployment.model.family)(self.deployment, "text_encoder", instance_device(args))
         self.faults = injector(self.deployment, "text_encoder")
+        self.accel_metrics = warm_up(self.adapter, args["model_name"])
 
     def execute(self, requests):
         responses: list = [None] * len(requests)

@@ -16,7 +16,7 @@ from ..adapters import adapter_for
 from ..adapters.base import instance_device
 from ..faults import Subject, injector
 from ..isolation import isolating_failures
-from .common import TensorSpec, declare, error_response, media_dims, stage_deployment, to_pb, to_torch
+from .common import TensorSpec, declare, error_response, media_dims, stage_deployment, to_pb, to_torch, warm_up
 
 
 
@@ -31,6 +31,7 @@ class VaeDecodeStage:
         self.deployment = stage_deployment(model_config)
         self.adapter = adapter_for(self.deployment.model.family)(self.deployment, "vae_decode", instance_device(args))
         self.faults = injector(self.deployment, "vae_decode")
+        self.accel_metrics = warm_up(self.adapter, args["model_name"])
 
     def execute(self, requests):
         responses: list = [None] * len(requests)

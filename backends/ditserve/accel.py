@@ -1,0 +1,219 @@
+"""Faster forwards: torch.compile, CUDA graphs per row bucket, FP8 (the deployment's [accel]).
+
+A step batch holds 1..capacity requests of 1-2 rows each (CFG), so the transformer meets
+many batch sizes. Compiling or capturing each size would stall requests, so, as LLM servers
+do, a batch of n rows runs padded to the smallest *row bucket* >= n, and every bucket of
+every *warm* shape (deployment `warm_sizes`) is compiled and captured while the model loads,
+before Triton reports READY. A shape that was not warmed runs eager: the request path never
+compiles. Padding repeats the last real row, so padded rows are finite and are dropped.
+
+`WarmCompiled` is the one mechanism; `TransformerRunner` adds the buckets for dit, and
+`warm_attribute` puts it in front of the text encoder's forward and the VAE's decode.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+
+from .deployment import AccelSection
+from .state import TextConditioning
+
+# Enough compiled variants for every bucket and warm shape of a deployment; past dynamo's
+# default limit (8) it would silently fall back to eager.
+RECOMPILE_LIMIT = 64
+
+
+def configure_compiler(accel: AccelSection) -> None:
+    """Process-wide compiler settings, set before the first compile."""
+    if accel.compile_cache:
+        os.makedirs(accel.compile_cache, exist_ok=True)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = accel.compile_cache
+    import torch._dynamo
+    for name in ("recompile_limit", "cache_size_limit"):  # the name changed across torch releases
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), RECOMPILE_LIMIT))
+
+
+def _tensors(args: tuple, kwargs: dict) -> list[tuple[str, torch.Tensor]]:
+    named = [(str(i), a) for i, a in enumerate(args)] + sorted(kwargs.items())
+    out = []
+    for name, value in named:
+        if isinstance(value, torch.Tensor):
+            out.append((name, value))
+        elif isinstance(value, TextConditioning):
+            out += [(f"{name}.embeds", value.embeds), (f"{name}.mask", value.mask)]
+            out += [(f"{name}.{k}", t) for k, t in sorted(value.extra.items())]
+    return out
+
+
+def signature(args: tuple, kwargs: dict) -> tuple:
+    """What a compiled variant is specialised on, batch size aside: each tensor's other dims and dtype."""
+    return tuple((name, tuple(t.shape[1:]), t.dtype, t.device.type) for name, t in _tensors(args, kwargs))
+
+
+@dataclass
+class WarmupReport:
+    """What warming cost: for the load-time log line and the ditserve_accel_* gauges."""
+
+    seconds: float = 0.0
+    variants: list[str] = field(default_factory=list)
+    device_bytes: int = 0   # device memory reserved by the warm-up (compiled kernels' and graphs' pools)
+
+
+class WarmCompiled:
+    """`fn` compiled, used only for call signatures warmed at load; any other call runs `fn` eager.
+
+    The batch dimension (dim 0 of every tensor argument) is marked dynamic, so one compile
+    serves every batch size of a shape; with CUDA graphs (mode "reduce-overhead") torch
+    records one graph per batch size, and a graph's outputs are overwritten by its next
+    replay, so they are cloned before they leave.
+    """
+
+    def __init__(self, fn: Callable, accel: AccelSection, graphs: bool):
+        configure_compiler(accel)
+        self.eager = fn
+        # A mode is inductor's; other backends take none (and capture no graphs).
+        mode = "reduce-overhead" if graphs and accel.compile_backend == "inductor" else None
+        self.graphs = mode is not None
+        self.compiled = torch.compile(fn, backend=accel.compile_backend, mode=mode)
+        self.warm: set[tuple] = set()
+        self._warming = False
+        self.calls = {"compiled": 0, "eager": 0}
+
+    def __call__(self, *args, **kwargs):
+        sig = signature(args, kwargs)
+        if not self._warming and sig not in self.warm:
+            self.calls["eager"] += 1
+            return self.eager(*args, **kwargs)
+        for _, t in _tensors(args, kwargs):
+            if t.ndim:
+                torch._dynamo.maybe_mark_dynamic(t, 0)
+        runs = 3 if self._warming and self.graphs else 1   # CUDA graphs: warm-up run, record, replay
+        for _ in range(runs):
+            if self.graphs:
+                torch.compiler.cudagraph_mark_step_begin()
+            out = self.compiled(*args, **kwargs)
+        if self._warming:
+            self.warm.add(sig)
+        else:
+            self.calls["compiled"] += 1
+        return _clone(out) if self.graphs else out
+
+    @contextlib.contextmanager
+    def warming(self) -> Iterator[None]:
+        """Calls inside compile (and capture) their signature and mark it warm."""
+        self._warming = True
+        try:
+            yield
+        finally:
+            self._warming = False
+
+
+def _clone(out: Any) -> Any:
+    if isinstance(out, torch.Tensor):
+        return out.clone()
+    if isinstance(out, (tuple, list)):
+        return type(out)(_clone(o) for o in out)
+    return out
+
+
+def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """`t` with its last row repeated up to `rows` rows (finite, like a real row)."""
+    extra = rows - t.shape[0]
+    return t if extra == 0 else torch.cat([t, t[-1:].expand(extra, *t.shape[1:])])
+
+
+class TransformerRunner:
+    """dit's transformer forward over a step batch: eager, or compiled per row bucket."""
+
+    def __init__(self, forward: Callable, accel: AccelSection, capacity: int, device: torch.device):
+        self.buckets = accel.buckets(capacity)
+        graphs = accel.transformer == "cuda_graphs" and device.type == "cuda"
+        self.compiled = None if accel.transformer == "eager" else WarmCompiled(forward, accel, graphs)
+        self.eager = forward
+        self._warming = False
+        self._eager_calls = 0
+
+    def __call__(self, latents: torch.Tensor, timesteps: torch.Tensor, cond: TextConditioning) -> torch.Tensor:
+        rows = latents.shape[0]
+        bucket = next((b for b in self.buckets if b >= rows), None)
+        warm = self.compiled is not None and signature((latents, timesteps, cond), {}) in self.compiled.warm
+        if bucket is None or not (warm or self._warming):
+            self._eager_calls += 1
+            return self.eager(latents, timesteps, cond)
+        # Warming compiles and captures every bucket (the largest first: its memory pool then
+        # serves the smaller graphs); serving runs the one bucket that fits.
+        for size in (reversed([b for b in self.buckets if b >= rows]) if self._warming else [bucket]):
+            padded = TextConditioning(_pad_rows(cond.embeds, size), _pad_rows(cond.mask, size),
+                                      {name: _pad_rows(t, size) for name, t in cond.extra.items()})
+            out = self.compiled(_pad_rows(latents, size), _pad_rows(timesteps, size), padded)
+        return out[:rows]
+
+    @contextlib.contextmanager
+    def warming(self, report: WarmupReport, variant: str) -> Iterator[None]:
+        """Forwards inside compile and capture every bucket from their row count up."""
+        if self.compiled is None:
+            yield
+            return
+        report.variants.append(variant)
+        self._warming = True
+        try:
+            with _measure(report), self.compiled.warming():
+                yield
+        finally:
+            self._warming = False
+
+    @property
+    def calls(self) -> dict[str, int]:
+        """Forwards run so far by path (warm-up excluded)."""
+        compiled = self.compiled.calls["compiled"] if self.compiled is not None else 0
+        return {"compiled": compiled, "eager": self._eager_calls}
+
+
+@contextlib.contextmanager
+def _measure(report: WarmupReport) -> Iterator[None]:
+    cuda = torch.cuda.is_available()
+    before = torch.cuda.memory_reserved() if cuda else 0
+    start = time.monotonic()
+    yield
+    if cuda:
+        torch.cuda.synchronize()
+    report.seconds += time.monotonic() - start
+    report.device_bytes += (torch.cuda.memory_reserved() - before) if cuda else 0
+
+
+def warm_attribute(owner: Any, name: str, accel: AccelSection) -> WarmCompiled:
+    """Put a WarmCompiled in front of `owner.name` (the text encoder's forward, the VAE's decode)."""
+    runner = WarmCompiled(getattr(owner, name), accel, graphs=False)
+    setattr(owner, name, runner)
+    return runner
+
+
+@contextlib.contextmanager
+def warming(runner: WarmCompiled | None, report: WarmupReport, variant: str) -> Iterator[None]:
+    """Inside, calls through `runner` are compiled and marked warm; a no-op without a runner."""
+    if runner is None:
+        yield
+        return
+    report.variants.append(variant)
+    with _measure(report), runner.warming():
+        yield
+
+
+def apply_fp8(module: torch.nn.Module) -> None:
+    """The module's linear layers in FP8: per-row dynamic activation and weight scales (torchao)."""
+    device = next(module.parameters()).device
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
+        raise ValueError("deployment [accel] fp8 = true needs a CUDA GPU with FP8 tensor cores (compute "
+                         f"capability >= 8.9, e.g. H100/H200/L40S); the transformer is on {device}")
+    try:
+        from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
+    except ImportError as exc:
+        raise ValueError("deployment [accel] fp8 = true needs torchao: `pip install torchao` in the server's "
+                         f"environment ({exc})") from exc
+    quantize_(module, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()))

@@ -1,0 +1,193 @@
+"""Served with [accel] vs plain eager diffusers, in one run: issue 23's targets, one row per call.
+
+    python perf/accel_bench.py --deployment configs/pixart-sigma-1024-random.toml --size 512x512 \
+        --steps 20 --capacity 16 --raw-batches 8,16 --accel transformer=cuda_graphs --name pixart512 --out DIR
+
+1. Raw: perf/raw_diffusers_baseline.py on the deployment's model (eager diffusers, same seed,
+   size, steps, guidance): serial p50, and generations/s at each of `--raw-batches` (the best counts); it
+   saves its seed-1 media as the PSNR reference.
+2. Served: a variant of the deployment (written by deployment.write_variant: [engine] step mode
+   with `--capacity`, [accel] from `--accel key=value ...`, warm_sizes = the size), rendered and
+   started on tritonserver. Recorded: seconds to READY (the warm-up included), the first
+   request after READY, `--solo` more solo requests (p50), PSNR of the seed-1 media against
+   raw's, then `--concurrency` closed-loop clients for `--per-client` requests each
+   (generations/s), and the dit/txt2img_stream metrics (compiled vs eager forwards, warm-up
+   seconds and device memory per model, step time).
+Writes DIR/accel_<name>.json; perf/accel_summary.py merges such files into one summary.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "backends"), str(ROOT / "perf")]
+
+from ditserve.client import DitClient, GenerationRequest  # noqa: E402
+from ditserve.deployment import load_deployment, write_variant  # noqa: E402
+from ditserve.launcher import ServerOptions, TritonServer, free_ports  # noqa: E402
+import loadgen  # noqa: E402
+
+PROMPT = "a red fox sitting in the snow, watercolor"
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    """PSNR in dB of two uint8 arrays (inf when equal)."""
+    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
+    return math.inf if mse == 0 else 10 * math.log10(255.0 ** 2 / mse)
+
+
+def parse_accel(items: list[str]) -> dict:
+    out = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        out[key] = {"true": True, "false": False}.get(value, value)
+    return out
+
+
+def raw_baseline(args, work: Path) -> dict:
+    cmd = [sys.executable, str(ROOT / "perf" / "raw_diffusers_baseline.py"), "--deployment", args.deployment,
+           "--height", str(args.height), "--width", str(args.width), "--steps", str(args.steps),
+           "--guidance-scale", str(args.guidance), "--runs", str(args.raw_runs), "--warmup", "1",
+           "--batch-sizes", args.raw_batches, "--batch-runs", "2",
+           "--seed", "1", "--save-media", str(work / "raw_seed1.npy")]
+    if args.frames:
+        cmd += ["--frames", str(args.frames)]
+    print("[accel] raw:", " ".join(cmd), flush=True)
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    if run.returncode:
+        raise RuntimeError(f"raw baseline failed:\n{run.stderr[-3000:]}")
+    return json.loads(run.stdout)
+
+
+def request(args, seed: int) -> GenerationRequest:
+    extra = {"num_frames": args.frames} if args.frames else {}
+    return GenerationRequest(PROMPT, seed=seed, height=args.height, width=args.width, num_inference_steps=args.steps,
+                             guidance_scale=args.guidance, **extra)
+
+
+def served(args, work: Path, report: dict) -> None:
+    size = f"{args.frames}x" * bool(args.frames) + f"{args.height}x{args.width}"
+    accel = {"warm_sizes": [size], **parse_accel(args.accel)}
+    variant = work / f"{args.name}.toml"
+    write_variant(Path(args.deployment), variant, {"mode": "step", "capacity": args.capacity}, "perf/accel_bench.py",
+                  accel=accel)
+    report["served_deployment"] = variant.read_text()
+    repo = work / f"repo-{args.name}"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "render_repository.py"), "--deployment", str(variant),
+                    "--out", str(repo)], check=True, capture_output=True)
+    http, grpc, metrics = free_ports(3)
+    server = TritonServer(ServerOptions(model_repository=repo, http_port=http, grpc_port=grpc, metrics_port=metrics,
+                                        deployment=str(variant)), log_path=work / f"server-{args.name}.log")
+    t0 = time.perf_counter()
+    server.start()
+    try:
+        server.wait_ready(timeout_s=args.ready_timeout)
+        report["ready_s"] = round(time.perf_counter() - t0, 1)
+        print(f"[accel] READY after {report['ready_s']} s", flush=True)
+        media = {}
+
+        def one(seed: int) -> float:
+            start = time.perf_counter()
+            with DitClient(server.grpc_url, protocol="grpc-stream") as client:
+                media[seed] = client.generate(request(args, seed), timeout_s=600).media
+            return (time.perf_counter() - start) * 1000
+
+        report["first_request_ms"] = round(one(1), 1)
+        solo = [one(1) for _ in range(args.solo)]
+        report["solo_ms"] = [round(x, 1) for x in solo]
+        report["solo_p50_ms"] = round(statistics.median(solo), 1)
+        raw_media = np.load(work / "raw_seed1.npy")
+        report["psnr_vs_raw_db"] = round(psnr(media[1], raw_media), 2)
+        print(f"[accel] first {report['first_request_ms']} ms, solo p50 {report['solo_p50_ms']} ms, "
+              f"PSNR {report['psnr_vs_raw_db']} dB", flush=True)
+        before = loadgen.scrape(server.metrics_url)
+        if args.concurrency > 1:
+            done, errors = [], []
+
+            def client(i: int) -> None:
+                for k in range(args.per_client):
+                    try:
+                        done.append(one(100 + i * args.per_client + k))
+                    except Exception as exc:  # noqa: BLE001  (recorded, the run goes on)
+                        errors.append(f"{type(exc).__name__}: {exc}"[:300])
+
+            threads = [threading.Thread(target=client, args=(i,)) for i in range(args.concurrency)]
+            start = time.perf_counter()
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            wall = time.perf_counter() - start
+            report["concurrent"] = {"clients": args.concurrency, "requests": len(done), "errors": errors,
+                                    "wall_s": round(wall, 2), "generations_per_s": round(len(done) / wall, 3),
+                                    "p50_ms": round(statistics.median(done), 1) if done else None}
+            print(f"[accel] concurrency {args.concurrency}: {report['concurrent']}", flush=True)
+        after = loadgen.scrape(server.metrics_url)
+        report["metrics"] = {f"{name}{{{model}}}": value for (name, model), value in after.items()
+                             if name.startswith(("ditserve_accel", "ditserve_compiled", "ditserve_eager"))}
+        steps = loadgen.histogram_mean(before, after, "ditserve_step_duration_seconds", "dit")
+        report["step_ms_under_load"] = None if steps is None else round(steps * 1000, 2)
+    finally:
+        server.stop()
+        report["server_log_tail"] = server.log_tail(40)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--deployment", required=True)
+    ap.add_argument("--name", required=True)
+    ap.add_argument("--size", required=True, help="HxW")
+    ap.add_argument("--frames", type=int, default=0, help="video families")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--guidance", type=float, default=4.5)
+    ap.add_argument("--capacity", type=int, default=8)
+    ap.add_argument("--accel", nargs="*", default=["transformer=cuda_graphs"], help="[accel] key=value")
+    ap.add_argument("--raw-runs", type=int, default=5)
+    ap.add_argument("--raw-batches", default="", help="raw batched baseline sizes, e.g. 8,16 (its best is the ceiling)")
+    ap.add_argument("--solo", type=int, default=5)
+    ap.add_argument("--concurrency", type=int, default=0)
+    ap.add_argument("--per-client", type=int, default=3)
+    ap.add_argument("--ready-timeout", type=float, default=480)
+    ap.add_argument("--out", default=str(ROOT / "outputs" / "accel"))
+    args = ap.parse_args()
+    args.height, args.width = (int(v) for v in args.size.lower().split("x"))
+    out = Path(args.out)
+    work = out / f"work-{args.name}"
+    work.mkdir(parents=True, exist_ok=True)
+    load_deployment(args.deployment)   # fail early on a bad file
+    report = {"name": args.name, "command": " ".join(sys.argv), "args": vars(args)}
+    path = out / f"accel_{args.name}.json"
+    try:
+        report["raw"] = {k: v for k, v in raw_baseline(args, work).items() if k not in ("latencies_ms",)}
+        print(f"[accel] raw p50 {report['raw']['p50_ms']:.1f} ms, best batch {report['raw']['best_batch']}", flush=True)
+        served(args, work, report)
+        raw = report["raw"]
+        report["ratios"] = {
+            "solo_p50_vs_raw_p50": round(report["solo_p50_ms"] / raw["p50_ms"], 3),
+            "first_vs_warm_solo": round(report["first_request_ms"] / report["solo_p50_ms"], 3),
+        }
+        if report.get("concurrent") and raw.get("best_batch"):
+            report["ratios"]["throughput_vs_raw_best_batch"] = round(
+                report["concurrent"]["generations_per_s"] / raw["best_batch"]["generations_per_s"], 3)
+        print(f"[accel] {args.name}: {report['ratios']}", flush=True)
+        return 0
+    except BaseException as exc:  # keep the partial report, a timeout's SIGINT included
+        report["error"] = f"{type(exc).__name__}: {exc}"[-3000:]
+        print(f"[accel] {args.name} failed: {report['error']}", flush=True)
+        return 1
+    finally:
+        path.write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""[accel]: compiled forwards padded to row buckets, warmed at load (ditserve/accel.py).
+
+CPU stands in for the GPU here: the tiny PixArt-Sigma is served with the transformer, the
+text encoder and the VAE decode compiled by torch.compile's `aot_eager` backend (the same
+dynamo trace, bucket padding, warm-up and eager fallback as inductor; CUDA graphs are GPU
+only, see perf/results for the H200). Served images must still match plain diffusers, alone
+and step-batched; progress and cancellation keep working; warm shapes run compiled and other
+shapes eager (counted by ditserve_{compiled,eager}_forwards_total).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import ROOT, TINY_PIXART, diffusers_image, rendered_server
+from ditserve.accel import TransformerRunner, _pad_rows
+from ditserve.client import DitClient, GenerationRequest
+from ditserve.deployment import AccelSection, load_deployment, write_variant
+from helpers import StreamCall, run_staggered, scrape, wait_for_metric
+from test_step_batching import assert_each_streamed_and_matches
+from test_txt2img import assert_matches
+
+BASE = ROOT / "configs" / "tiny-pixart-sigma.toml"
+ACCEL = {"transformer": "compile", "compile_backend": "aot_eager", "warm_sizes": ["64x64"],
+         "text_encoder": "compile"}
+
+
+@pytest.fixture(scope="module")
+def accel_server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("accel")
+    deployment = tmp / "tiny-pixart-accel.toml"
+    write_variant(BASE, deployment, {}, "tests/test_accel.py", accel=ACCEL)
+    srv = rendered_server(tmp_path_factory, deployment, TINY_PIXART, "accel-server")
+    yield srv
+    srv.stop()
+
+
+def _forwards(server) -> tuple[float, float]:
+    metrics = scrape(server.metrics_url)
+    return (metrics.get(("ditserve_compiled_forwards_total", "dit"), 0.0),
+            metrics.get(("ditserve_eager_forwards_total", "dit"), 0.0))
+
+
+def test_warm_up_ran_at_load(accel_server):
+    metrics = scrape(accel_server.metrics_url)
+    for model in ("dit", "text_encoder"):
+        assert metrics[("ditserve_accel_warmup_seconds", model)] > 0, model
+    log = accel_server.log_path.read_text()
+    assert "dit: [accel] warmed 1 variant(s)" in log
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "grpc-stream"])
+def test_warm_shape_runs_compiled_and_matches_diffusers(accel_server, diffusers_pixart, protocol):
+    compiled, eager = _forwards(accel_server)
+    request = GenerationRequest("a photo of a red cat", seed=42, num_inference_steps=8, guidance_scale=4.5)
+    with DitClient(accel_server.grpc_url, protocol) as client:
+        result = client.generate(request)
+    assert_matches(result.media, diffusers_image(diffusers_pixart, request.prompt, 42, 8, 4.5))
+    assert _forwards(accel_server) == (compiled + 8, eager)
+
+
+def test_other_shape_runs_eager_and_matches(accel_server, diffusers_pixart):
+    compiled, eager = _forwards(accel_server)
+    request = GenerationRequest("a dog in the snow", height=96, width=64, num_inference_steps=5,
+                                guidance_scale=1.0, seed=7)
+    with DitClient(accel_server.grpc_url, "grpc") as client:
+        result = client.generate(request)
+    assert_matches(result.media, diffusers_image(diffusers_pixart, request.prompt, 7, 5, 1.0, 96, 64))
+    assert _forwards(accel_server) == (compiled, eager + 5)
+
+
+def test_step_batched_requests_are_padded_to_buckets_and_match(accel_server, diffusers_pixart):
+    """3 requests at different timesteps share forwards of 2, 4 and 6 rows (buckets 2, 4, 8)."""
+    requests = [GenerationRequest("a red cat", seed=11, num_inference_steps=30),
+                GenerationRequest("a blue bird flying", seed=22, num_inference_steps=20, guidance_scale=7.0),
+                GenerationRequest("a castle at night", seed=33, num_inference_steps=12, negative_prompt="dark")]
+    results = run_staggered(accel_server.grpc_url, requests, wait_steps=2)
+    assert_each_streamed_and_matches(requests, results, diffusers_pixart)
+
+
+def test_cancel_mid_generation_with_accel(accel_server):
+    call = StreamCall(accel_server.grpc_url, GenerationRequest("a slow one", seed=5, num_inference_steps=100)).start()
+    call.wait_progress(3)
+    call.cancel()
+    assert wait_for_metric(accel_server.metrics_url, "ditserve_state_table_size", "dit", 0.0) == 0.0
+    with DitClient(accel_server.grpc_url, "grpc") as client:   # the server goes on
+        assert client.generate(GenerationRequest("after", seed=1, num_inference_steps=2)).media.shape == (64, 64, 3)
+
+
+def test_compiled_vae_decode_equals_eager(tmp_path):
+    """In process, with dynamo's `eager` backend (aot_eager trips on the VAE's group norm on CPU)."""
+    from ditserve.adapters import adapter_for
+    deployment = write_variant(BASE, tmp_path / "vae.toml", {}, "test",
+                               accel={"vae_decode": "compile", "compile_backend": "eager", "warm_sizes": ["64x64"]})
+    eager = adapter_for(deployment.model.family)(load_deployment(BASE), "vae_decode")
+    compiled = adapter_for(deployment.model.family)(deployment, "vae_decode")
+    assert compiled.warm_up().variants == ["64x64"]
+    latents = torch.randn(2, 4, 8, 8, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(compiled.decode(latents)[0], eager.decode(latents)[0])
+    assert compiled.stage_runner.calls == {"compiled": 1, "eager": 0}
+    compiled.decode(torch.randn(1, 4, 4, 8))                    # not a warm size: eager
+    assert compiled.stage_runner.calls == {"compiled": 1, "eager": 1}
+
+
+# ---- pure logic -----------------------------------------------------------------------------
+def test_default_buckets_cover_a_full_cfg_batch():
+    assert AccelSection().buckets(4) == (2, 4, 8)
+    assert AccelSection().buckets(3) == (2, 4, 8)
+    assert AccelSection().buckets(1) == (2,)
+    assert AccelSection(row_buckets=(8, 2, 16)).buckets(8) == (2, 8, 16)
+
+
+def test_padding_repeats_the_last_row():
+    t = torch.arange(6.0).reshape(3, 2)
+    padded = _pad_rows(t, 5)
+    assert padded.shape == (5, 2) and torch.equal(padded[3], t[2]) and torch.equal(padded[4], t[2])
+    assert _pad_rows(t, 3) is t
+
+
+def test_runner_pads_to_the_bucket_and_returns_the_real_rows():
+    seen = []
+
+    def forward(latents, timesteps, cond):
+        seen.append(latents.shape[0])
+        return latents * 2
+
+    from ditserve.state import TextConditioning
+    accel = AccelSection(transformer="compile", compile_backend="eager", row_buckets=(2, 4))
+    runner = TransformerRunner(forward, accel, capacity=2, device=torch.device("cpu"))
+    cond = lambda n: TextConditioning(torch.zeros(n, 3, 5), torch.ones(n, 3, dtype=torch.int64))  # noqa: E731
+    from ditserve.accel import WarmupReport
+    with runner.warming(WarmupReport(), "4x4"):
+        runner(torch.ones(1, 4, 2, 2), torch.zeros(1), cond(1))
+    assert sorted(seen) == [2, 4]                                   # every bucket, compiled at warm-up
+    seen.clear()
+    out = runner(torch.ones(3, 4, 2, 2), torch.zeros(3), cond(3))
+    assert seen == [4] and out.shape == (3, 4, 2, 2) and torch.equal(out, torch.full_like(out, 2))
+    runner(torch.ones(3, 4, 4, 4), torch.zeros(3), cond(3))        # a shape not warmed: eager, unpadded
+    assert seen[-1] == 3 and runner.calls == {"compiled": 1, "eager": 1}
+
+
+@pytest.mark.parametrize("accel, message", [
+    ({"transformer": "fast"}, "[accel] transformer='fast'; allowed: eager, compile, cuda_graphs"),
+    ({"vae_decode": "graphs"}, "[accel] vae_decode='graphs'; allowed: eager, compile"),
+    ({"text_encoder": 1}, "[accel] text_encoder=1; allowed: eager, compile"),
+    ({"fp8": "yes"}, "[accel] fp8='yes'; allowed: true, false"),
+    ({"row_buckets": [1, 2]}, "must reach 8 rows"),
+    ({"row_buckets": [0, 8]}, "allowed: a list of integers >= 1"),
+    ({"warm_sizes": ["64"]}, "warm_sizes entry '64' is not HxW"),
+    ({"turbo": True}, "[accel] has unknown keys ['turbo']"),
+])
+def test_bad_accel_values_fail_at_load_naming_key_and_allowed_values(tmp_path, accel, message):
+    with pytest.raises(ValueError) as err:
+        write_variant(BASE, tmp_path / "bad.toml", {}, "test", accel=accel)
+    assert message in str(err.value)
+
+
+def test_warm_size_outside_the_limits_fails_at_load(tmp_path):
+    from ditserve.adapters import adapter_for
+    deployment = write_variant(BASE, tmp_path / "big.toml", {}, "test",
+                               accel={"transformer": "compile", "compile_backend": "eager", "warm_sizes": ["512x512"]})
+    adapter = adapter_for(deployment.model.family)(deployment, "dit")
+    with pytest.raises(ValueError, match=r"\[accel\] warm_sizes: .*height"):
+        adapter.warm_up()
+
+
+def test_gpu_configs_turn_acceleration_on():
+    """What the H200 measurements justify (perf/results/*-h200-accel*); CPU configs stay eager."""
+    for name in ("pixart-sigma-1024.toml", "pixart-sigma-1024-random.toml", "wan2.1-t2v-1.3b.toml"):
+        assert load_deployment(ROOT / "configs" / name).accel.transformer != "eager", name
+    for name in ("tiny-pixart-sigma.toml", "tiny-wan-t2v.toml", "tiny-wan-i2v.toml"):
+        assert load_deployment(ROOT / "configs" / name).accel.transformer == "eager", name
+
