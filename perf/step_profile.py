@@ -1,0 +1,118 @@
+"""Where one dit step's time goes, in process (no server): the transformer forward vs the Python
+around it (inputs stacked, CFG combined, each request's scheduler.step, the NaN/inf checks).
+
+    python perf/step_profile.py --deployment configs/pixart-sigma-1024-random.toml --size 512x512 \
+        --batches 1,4,8,16 [--accel transformer=cuda_graphs] --out FILE
+
+For each batch size B: B requests (CFG, 20 steps) admitted into a StepEngine of the deployment's
+dit adapter, `--warm` steps, then `--iters` timed steps, each CUDA-synchronised:
+  step_ms     engine.step over the B requests (what ditserve_step_duration_seconds measures)
+  forward_ms  the adapter's transformer forward alone, on the same stacked inputs
+  scheduler_ms  B scheduler.step calls on saved outputs (one per request, as the engine does)
+  other_ms    step - forward: all the Python and small kernels around the forward
+  eager_forward_ms, forward_speedup, forward_rel_rms_vs_eager   with --accel: the eager forward
+              on the same inputs, and the accelerated output's relative RMS error against it
+Issue 23 asks this before vectorising: the answer says whether the per-request scheduler step
+is worth batching.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "backends"), str(ROOT / "perf")]
+
+from accel_bench import parse_accel  # noqa: E402
+from ditserve.adapters import adapter_for  # noqa: E402
+from ditserve.deployment import write_variant  # noqa: E402
+from ditserve.engine import StepEngine  # noqa: E402
+from ditserve.schema import GenerationParams  # noqa: E402
+from ditserve.state import TextConditioning  # noqa: E402
+
+
+def timed(fn, iters: int) -> float:
+    """Median ms of `iters` calls, each synchronised."""
+    out = []
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    for _ in range(iters):
+        sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        out.append((time.perf_counter() - start) * 1000)
+    return round(statistics.median(out), 3)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--deployment", required=True)
+    ap.add_argument("--size", default="512x512")
+    ap.add_argument("--batches", default="1,4,8,16")
+    ap.add_argument("--accel", nargs="*", default=[])
+    ap.add_argument("--warm", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    height, width = (int(v) for v in args.size.split("x"))
+    batches = [int(b) for b in args.batches.split(",")]
+    out = Path(args.out)
+    accel = {"warm_sizes": [args.size], **parse_accel(args.accel)} if args.accel else {}
+    deployment = write_variant(Path(args.deployment), out.with_suffix(".toml"),
+                               {"mode": "step", "capacity": max(batches)}, "perf/step_profile.py", accel=accel)
+    adapter = adapter_for(deployment.model.family)(deployment, "dit")
+    warm = adapter.warm_up()
+    length, dim = deployment.model.max_sequence_length, adapter.text_embed_dim
+    rows = []
+    for batch in batches:
+        engine = StepEngine(adapter)
+        for i in range(batch):
+            params = GenerationParams("p", "", height, width, 20 + args.warm + 2 * args.iters + 5, 4.5, i)
+            cond = adapter.example_conditioning(params)
+            cond.embeds, cond.mask = torch.randn(2, length, dim, dtype=adapter.dtype), torch.ones(2, length, dtype=torch.int64)
+            engine.admit(str(i), params, cond)
+        keys = list(engine.table)
+        for _ in range(args.warm):
+            engine.step(keys)
+        step_ms = timed(lambda: engine.step(keys), args.iters)
+        states = [engine.table[k] for k in keys]
+        latents = torch.cat([torch.cat([s.latents] * 2) for s in states])
+        timesteps = torch.cat([s.timestep.reshape(1).expand(2) for s in states]).to(adapter.device)
+        cond = TextConditioning(torch.cat([s.cond.embeds for s in states]), torch.cat([s.cond.mask for s in states]))
+        with torch.inference_mode():
+            forward_ms = timed(lambda: adapter.run_forward(latents, timesteps, cond), args.iters)
+            outputs = adapter.denoise(states)
+            # The accelerated forward against the eager one on the same inputs (bf16 noise ~1-2 %).
+            fast, eager = adapter.run_forward(latents, timesteps, cond).float(), adapter.forward(latents, timesteps, cond).float()
+            rel_rms = ((fast - eager).pow(2).mean().sqrt() / eager.pow(2).mean().sqrt()).item()
+            eager_ms = timed(lambda: adapter.forward(latents, timesteps, cond), args.iters) if accel else forward_ms
+        saved = [(copy.deepcopy(s.scheduler), s.latents.clone(), s.step_index) for s in states]
+
+        def schedule() -> None:
+            for s, output, (scheduler, latents_before, index) in zip(states, outputs, saved):
+                s.scheduler, s.latents, s.step_index = copy.copy(scheduler), latents_before, index
+                adapter.scheduler_step(s, output)
+
+        scheduler_ms = timed(schedule, args.iters)
+        rows.append({"requests": batch, "rows": 2 * batch, "step_ms": step_ms, "forward_ms": forward_ms,
+                     "eager_forward_ms": eager_ms, "forward_speedup": round(eager_ms / forward_ms, 3),
+                     "forward_rel_rms_vs_eager": round(rel_rms, 5),
+                     "scheduler_ms": scheduler_ms, "other_ms": round(step_ms - forward_ms, 3),
+                     "other_share": round((step_ms - forward_ms) / step_ms, 3)})
+        print(json.dumps(rows[-1]), flush=True)
+    report = {"command": " ".join(sys.argv), "deployment": deployment.source, "size": args.size,
+              "accel": accel, "warm_up_s": round(warm.seconds, 1), "torch": torch.__version__,
+              "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "rows": rows}
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
