@@ -22,6 +22,7 @@ import copy
 import json
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -65,7 +66,7 @@ def main() -> int:
     batches = [int(b) for b in args.batches.split(",")]
     out = Path(args.out)
     accel = {"warm_sizes": [args.size], **parse_accel(args.accel)} if args.accel else {}
-    deployment = write_variant(Path(args.deployment), out.with_suffix(".toml"),
+    deployment = write_variant(Path(args.deployment), Path(tempfile.mkdtemp()) / "step_profile.toml",
                                {"mode": "step", "capacity": max(batches)}, "perf/step_profile.py", accel=accel)
     adapter = adapter_for(deployment.model.family)(deployment, "dit")
     warm = adapter.warm_up()
