@@ -319,7 +319,8 @@ accel_row() {
                         --capacity 16 --raw-batches 8,16 --concurrency 16 --per-client 3 "${common[@]}" ;;
         pixart1024) model_ready || stage_build || return $?
                     "$PY" perf/accel_bench.py --deployment "$DEPLOYMENT" --name pixart1024 --size 1024x1024 --steps 20 \
-                        --capacity 8 --raw-batches 4,8 --concurrency 8 --per-client 2 "${common[@]}" ;;
+                        --capacity 4 --raw-batches 4 --raw-runs 3 --solo 4 --concurrency 4 --per-client 2 \
+                        "${common[@]}" ;;
         wan)        build_wan_t2v || return $?
                     "$PY" perf/accel_bench.py --deployment configs/wan2.1-t2v-1.3b-random.toml --name wan \
                         --size 480x832 --frames 81 --steps 10 --guidance 5 --capacity 1 --raw-runs 2 --solo 2 \

@@ -129,9 +129,11 @@ def test_runner_pads_to_the_bucket_and_returns_the_real_rows():
     runner = TransformerRunner(forward, accel, capacity=2, device=torch.device("cpu"))
     cond = lambda n: TextConditioning(torch.zeros(n, 3, 5), torch.ones(n, 3, dtype=torch.int64))  # noqa: E731
     from ditserve.accel import WarmupReport
-    with runner.warming(WarmupReport(), "4x4"):
+    report = WarmupReport()
+    with runner.warming(report, "4x4"):
         runner(torch.ones(1, 4, 2, 2), torch.zeros(1), cond(1))
     assert sorted(seen) == [2, 4]                                   # every bucket, compiled at warm-up
+    assert report.variants[0].startswith("4x4 (4 rows ") and ", 2 rows " in report.variants[0]
     seen.clear()
     out = runner(torch.ones(3, 4, 2, 2), torch.zeros(3), cond(3))
     assert seen == [4] and out.shape == (3, 4, 2, 2) and torch.equal(out, torch.full_like(out, 2))

@@ -138,6 +138,7 @@ class TransformerRunner:
         self.eager = forward
         self._warming = False
         self._eager_calls = 0
+        self.warm_seconds: dict[int, float] = {}   # bucket -> seconds its last warm-up took
 
     def __call__(self, latents: torch.Tensor, timesteps: torch.Tensor, cond: TextConditioning) -> torch.Tensor:
         rows = latents.shape[0]
@@ -149,9 +150,14 @@ class TransformerRunner:
         # Warming compiles and captures every bucket (the largest first: its memory pool then
         # serves the smaller graphs); serving runs the one bucket that fits.
         for size in (reversed([b for b in self.buckets if b >= rows]) if self._warming else [bucket]):
+            start = time.monotonic()
             padded = TextConditioning(_pad_rows(cond.embeds, size), _pad_rows(cond.mask, size),
                                       {name: _pad_rows(t, size) for name, t in cond.extra.items()})
             out = self.compiled(_pad_rows(latents, size), _pad_rows(timesteps, size), padded)
+            if self._warming:   # where warm-up time goes: the first bucket compiles, the rest capture
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
+                self.warm_seconds[size] = round(time.monotonic() - start, 1)
         return out[:rows]
 
     @contextlib.contextmanager
@@ -160,13 +166,14 @@ class TransformerRunner:
         if self.compiled is None:
             yield
             return
-        report.variants.append(variant)
         self._warming = True
         try:
             with _measure(report), self.compiled.warming():
                 yield
         finally:
             self._warming = False
+            buckets = ", ".join(f"{b} rows {s} s" for b, s in self.warm_seconds.items())
+            report.variants.append(f"{variant} ({buckets})")
 
     @property
     def calls(self) -> dict[str, int]:
