@@ -164,7 +164,7 @@ class DitStage:
         for size in report.batch_sizes:
             self.metrics.step_batch.observe(size)
         self.metrics.step_seconds.observe(report.seconds)
-        self.accel_metrics.count_forwards(self.engine.adapter.run_forward.calls)
+        self.metrics.count_forwards(self.engine.adapter.run_forward.calls)
         self.metrics.active.set(len(active))
         for key, request in active:
             state = self.engine.table[key]

@@ -56,6 +56,18 @@ class DitMetrics:
                                          "Batched forwards that failed and were retried one request at a time", model)
         self.step_failures = counter("ditserve_step_failures_total",
                                      "Generations ended by a failed or non-finite denoise step", model)
+        self.compiled = counter("ditserve_compiled_forwards_total",
+                                "Transformer forwards run compiled / graph-captured (warm shapes)", model)
+        self.eager = counter("ditserve_eager_forwards_total",
+                             "Transformer forwards run eager ([accel] off, or a shape not warmed)", model)
+        self._counted = {"compiled": 0, "eager": 0}
+
+    def count_forwards(self, calls: dict[str, int]) -> None:
+        """Add what the transformer runner counted since the last call."""
+        for path, metric in (("compiled", self.compiled), ("eager", self.eager)):
+            if calls[path] > self._counted[path]:
+                metric.increment(calls[path] - self._counted[path])
+                self._counted[path] = calls[path]
 
 
 class GenerateMetrics:
@@ -89,25 +101,12 @@ class VaeEncodeMetrics:
 
 
 class AccelMetrics:
-    """What warming the accelerated forwards cost at load (accel.py): a restart's price; and,
-    for dit, how many transformer forwards ran compiled (a warm shape) or eager (any other)."""
+    """What warming the accelerated forwards cost at load (accel.py): a restart's price."""
 
     def __init__(self, model: str, report) -> None:
-        self.compiled = counter("ditserve_compiled_forwards_total",
-                                "Transformer forwards run compiled / graph-captured (warm shapes)", model)
-        self.eager = counter("ditserve_eager_forwards_total",
-                             "Transformer forwards run eager ([accel] off, or a shape not warmed)", model)
-        self._counted = {"compiled": 0, "eager": 0}
         self.seconds = gauge("ditserve_accel_warmup_seconds",
                              "Seconds spent at load compiling and capturing the warm shapes", model)
         self.device_bytes = gauge("ditserve_accel_warmup_device_bytes",
                                   "Device memory reserved by the warm-up (compiled kernels, CUDA graph pools)", model)
         self.seconds.set(report.seconds)
         self.device_bytes.set(report.device_bytes)
-
-    def count_forwards(self, calls: dict[str, int]) -> None:
-        """Add what the runner counted since the last call."""
-        for path, metric in (("compiled", self.compiled), ("eager", self.eager)):
-            if calls[path] > self._counted[path]:
-                metric.increment(calls[path] - self._counted[path])
-                self._counted[path] = calls[path]
