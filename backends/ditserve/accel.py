@@ -68,10 +68,11 @@ class WarmupReport:
 class WarmCompiled:
     """`fn` compiled, used only for call signatures warmed at load; any other call runs `fn` eager.
 
-    The batch dimension (dim 0 of every tensor argument) is marked dynamic, so one compile
-    serves every batch size of a shape; with CUDA graphs (mode "reduce-overhead") torch
-    records one graph per batch size, and a graph's outputs are overwritten by its next
-    replay, so they are cloned before they leave.
+    The batch dimension (dim 0 of every tensor argument) is marked dynamic so that one compile
+    may serve every batch size of a shape (it does on CPU; on the H200 inductor still compiled
+    each bucket apart, perf/results/2026-12-01-h200-accel.md). With CUDA graphs (mode
+    "reduce-overhead") torch records one graph per batch size, and a graph's outputs are
+    overwritten by its next replay, so they are cloned before they leave.
     """
 
     def __init__(self, fn: Callable, accel: AccelSection, graphs: bool):
