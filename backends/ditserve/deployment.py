@@ -21,6 +21,7 @@ except ModuleNotFoundError:  # Python 3.10 (the Triton 24.10 container)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_DEPLOYMENT = "configs/tiny-pixart-sigma.toml"
 ENGINE_MODES = ("serial", "request_batch", "step")
+SCHEDULERS = ("all", "cost")   # [engine] scheduler, step mode: ditserve/scheduler.py
 # The task each model family serves; it names the public models (`<task>`, `<task>_stream`).
 FAMILY_TASKS = {"pixart-sigma": "txt2img", "wan-t2v": "txt2vid", "wan-i2v": "img2vid"}
 VIDEO_TASKS = ("txt2vid", "img2vid")
@@ -82,6 +83,15 @@ class EngineSection:
     # the CUDA-pool handshake deadlock fixed upstream in python_backend PR #439). A client's
     # CUDA shm region is still filled on the server; false is for newer Tritons (docs/compatibility.md).
     media_on_host: bool = True
+    # Which ready generations step in each execute (ditserve/scheduler.py): "all" = every one
+    # (processor sharing), "cost" = the subset a learned forward-cost curve says pays, fewest
+    # remaining steps first; step mode only. Its knobs: a request passed over `max_skips`
+    # executes in a row steps in the next one; the subset keeps at least `throughput_floor`
+    # of the best throughput on the curve; `cost_ewma` weighs each new forward timing.
+    scheduler: str = "all"
+    max_skips: int = 8
+    throughput_floor: float = 0.9
+    cost_ewma: float = 0.3
 
 
 TRANSFORMER_ACCEL = ("eager", "compile", "cuda_graphs")
@@ -219,8 +229,23 @@ def load_deployment(path: str | os.PathLike | None = None) -> Deployment:
         raise ValueError(f"deployment [engine] mode=\"serial\" needs capacity = 1, got {dep.engine.capacity}")
     if dep.engine.capacity < 1:
         raise ValueError(f"deployment [engine] capacity={dep.engine.capacity}; must be >= 1")
+    _check_scheduler(dep.engine)
     _check_accel(dep)
     return dep
+
+
+def _check_scheduler(engine: EngineSection) -> None:
+    if engine.scheduler not in SCHEDULERS:
+        raise ValueError(f"deployment [engine] scheduler={engine.scheduler!r}; allowed: {', '.join(SCHEDULERS)}")
+    if engine.scheduler != "all" and engine.mode != "step":
+        raise ValueError(f"deployment [engine] scheduler={engine.scheduler!r} needs mode = \"step\", "
+                         f"got mode={engine.mode!r}")
+    if not isinstance(engine.max_skips, int) or isinstance(engine.max_skips, bool) or engine.max_skips < 1:
+        raise ValueError(f"deployment [engine] max_skips={engine.max_skips!r}; allowed: an integer >= 1")
+    for name in ("throughput_floor", "cost_ewma"):
+        value = getattr(engine, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+            raise ValueError(f"deployment [engine] {name}={value!r}; allowed: a number in (0, 1]")
 
 
 def _accel_section(data: dict) -> AccelSection:

@@ -23,6 +23,7 @@ import torch
 from .adapters.base import FamilyAdapter
 from .faults import FaultInjector, Subject
 from .isolation import isolating_failures
+from .scheduler import ForwardTimer
 from .schema import GenerationParams
 from .state import RequestState, TextConditioning
 
@@ -43,6 +44,8 @@ class StepReport:
     # progress to report now.
     # A request that finished (state.done, not failed) passed the check of its last step too.
     confirmed: dict[str, int] = field(default_factory=dict)
+    # Each forward that ran: (compatibility key, requests in it, its timer), for the cost model.
+    timings: list[tuple[tuple, int, ForwardTimer]] = field(default_factory=list)
 
 
 class StepChecks:
@@ -169,8 +172,12 @@ class StepEngine:
 
     def _forward_and_step(self, states: list[RequestState], report: StepReport, entries: list) -> None:
         """Raises only from the forward, before any state changed; scheduler failures are per request."""
-        outputs = self.faults.at("denoise", [_subject(s) for s in states], self.adapter.denoise(states))
+        timer = ForwardTimer(states[0].latents.device)
+        outputs = self.adapter.denoise(states)
+        timer.stop()
+        outputs = self.faults.at("denoise", [_subject(s) for s in states], outputs)
         report.batch_sizes.append(len(states))
+        report.timings.append((states[0].compat_key, len(states), timer))
         batch = f"(in a forward of {len(states)} request{'s' if len(states) > 1 else ''})"
         for state, output in zip(states, outputs):
             step, subject = f"denoise step {state.step_index + 1}/{state.total_steps}", _subject(state)

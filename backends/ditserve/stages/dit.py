@@ -28,6 +28,7 @@ from ..engine import StepEngine
 from ..faults import injector
 from ..handoff import ConditioningStore
 from ..schema import GenerationParams, check_params
+from ..scheduler import StepScheduler
 from ..state import TextConditioning
 from .common import (TensorSpec, declare, ended_if_cancelled, error_response, input_numpy, requested_outputs,
                      stage_deployment, to_pb, to_torch, warm_up)
@@ -96,6 +97,8 @@ class DitStage:
             )
         adapter = adapter_for(self.deployment.model.family)(self.deployment, "dit", instance_device(args))
         self.engine = StepEngine(adapter, injector(self.deployment, "dit"))
+        engine = self.deployment.engine
+        self.scheduler = StepScheduler(engine.scheduler, engine.max_skips, engine.throughput_floor, engine.cost_ewma)
         self.accel_metrics = warm_up(adapter, args["model_name"])
         self.cancels = CancelRegistry()
         self.handoff = ConditioningStore()
@@ -112,7 +115,9 @@ class DitStage:
                     self._end(request, key, f"could not start the request: {type(exc).__name__}: {exc}")
                     active.remove((key, request))
         if self.deployment.engine.mode == "step":
-            self._step(active)
+            # The scheduler picks who steps; the rest keep their state and are rescheduled unstepped.
+            chosen = self.scheduler.select([self.engine.table[key] for key, _ in active])
+            self._step([(k, r) for k, r in active if k in chosen])
             for key, request in active:
                 if key in self.engine:
                     request.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
@@ -154,6 +159,7 @@ class DitStage:
                 self._end(request, key, f"denoise step failed: {type(exc).__name__}: {exc}")
             active.clear()
             return
+        self.scheduler.observe(report.timings)
         if report.isolation_retries or report.failed:
             self.metrics.isolation_retries.increment(report.isolation_retries)
             self.metrics.step_failures.increment(len(report.failed))
@@ -201,6 +207,7 @@ class DitStage:
 
     def _release(self, key: str) -> None:
         self.engine.release(key)
+        self.scheduler.forget(key)
         self.cancels.discard(key)
         self.metrics.state_table.set(len(self.engine))
 
@@ -208,6 +215,7 @@ class DitStage:
         idle = self.deployment.engine.gc_idle_seconds
         for key in self.engine.collect_garbage(live, idle):
             self.cancels.discard(key)
+            self.scheduler.forget(key)
             self.metrics.garbage.increment(1)
         self.cancels.collect_garbage(idle)
         self.handoff.collect_garbage(idle)

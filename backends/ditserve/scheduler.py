@@ -1,0 +1,199 @@
+"""Which ready generations step now: the step scheduler of `dit` (`[engine] scheduler`).
+
+Triton hands `dit` every generation that is ready for a step. `all` steps every one of them
+(processor sharing: right when batching is nearly free, as at 512px on the H200). `cost`
+steps a subset chosen from a cost curve of the transformer forward, learned from the engine's
+own step timings, because at 1024px a forward of 16 rows costs ~6x one of 2 rows and
+stepping everyone stretches every request's latency for little throughput
+(perf/results, DESIGN.md "Facts measured here (2026-12-01)"). A request that is not chosen
+keeps its state and is rescheduled without a step; nothing else about it changes.
+
+The `cost` policy, per compatibility group (requests that share one forward):
+- order: requests passed over `max_skips` rounds in a row first (the aging bound: nobody
+  waits more than `max_skips` consecutive executes), then fewest remaining steps first
+  (SRPT, which lowers mean latency), ties by arrival;
+- size: step the first k of that order, where k minimises the estimated sum of completion
+  times of the group's requests (a fluid replay of the group with k slots and the cost
+  curve), among the k whose throughput (request-steps per second) is at least
+  `throughput_floor` x the best k's. A waiting request is thus admitted only when the
+  throughput it adds pays for the slowdown of the rows already running; under a backlog
+  the floor keeps the scheduler from trading much throughput for latency.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+
+class ForwardTimer:
+    """Time of one forward without waiting for it: CUDA events on a GPU (read once the work
+    has finished; the engine never synchronises just to time), the wall clock on a CPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self.begin, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self.begin.record()
+        else:
+            self.begin = time.perf_counter()
+
+    def stop(self) -> None:
+        if self.cuda:
+            self.end.record()
+        else:
+            self.end = time.perf_counter()
+
+    def seconds(self) -> float | None:
+        """The forward's duration, or None while its GPU work is still running."""
+        if not self.cuda:
+            return self.end - self.begin
+        return self.begin.elapsed_time(self.end) / 1000.0 if self.end.query() else None
+
+
+class CostModel:
+    """Forward seconds per (compatibility key, requests in the forward): an EWMA of observed
+    forwards. Unobserved sizes are estimated optimistically, so that they get tried once:
+    between two observed sizes linearly; above the largest as free (same cost); below the
+    smallest as proportional to the size (no batching gain)."""
+
+    def __init__(self, ewma: float = 0.3):
+        self.ewma = ewma
+        self.curves: dict[tuple, dict[int, float]] = {}
+        self.pending: list[tuple[tuple, int, ForwardTimer]] = []
+
+    def observe(self, group: tuple, size: int, seconds: float) -> None:
+        curve = self.curves.setdefault(group, {})
+        old = curve.get(size)
+        curve[size] = seconds if old is None else (1 - self.ewma) * old + self.ewma * seconds
+
+    def add_timer(self, group: tuple, size: int, timer: ForwardTimer) -> None:
+        self.pending.append((group, size, timer))
+
+    def resolve(self) -> None:
+        """Fold in the timed forwards whose work has finished; keep the rest for later."""
+        waiting = []
+        for group, size, timer in self.pending:
+            seconds = timer.seconds()
+            if seconds is None:
+                waiting.append((group, size, timer))
+            else:
+                self.observe(group, size, seconds)
+        self.pending = waiting
+
+    def estimate(self, group: tuple, size: int) -> float | None:
+        """Seconds of a forward of `size` requests of `group`; None before any observation."""
+        curve = self.curves.get(group)
+        if not curve:
+            return None
+        if size in curve:
+            return curve[size]
+        sizes = sorted(curve)
+        below = [s for s in sizes if s < size]
+        above = [s for s in sizes if s > size]
+        if not below:
+            return curve[above[0]] * size / above[0]
+        if not above:
+            return curve[below[-1]]
+        lo, hi = below[-1], above[0]
+        return curve[lo] + (curve[hi] - curve[lo]) * (size - lo) / (hi - lo)
+
+
+@dataclass
+class Candidate:
+    """What the policy needs of one ready generation."""
+
+    key: str
+    group: tuple        # compatibility key: requests of one group share a forward
+    remaining: int      # denoise steps left
+    skipped: int        # consecutive rounds it was ready and not stepped
+    arrival: float      # admission time (tie-break: earlier first)
+
+
+def sum_of_completions(remaining: list[int], slots: int, cost) -> float:
+    """Sum of completion times (from now) of requests with `remaining` steps (in priority order),
+    stepping the first `slots` unfinished ones per round at `cost(n)` seconds for n requests.
+    Replays event by event (a finish), so it costs O(n^2), not O(steps)."""
+    left = list(remaining)
+    queue = list(range(len(left)))
+    clock, total = 0.0, 0.0
+    while queue:
+        running = queue[:slots]
+        rounds = min(left[i] for i in running)
+        clock += rounds * cost(len(running))
+        for i in running:
+            left[i] -= rounds
+        finished = [i for i in running if left[i] == 0]
+        total += clock * len(finished)
+        queue = [i for i in queue if left[i] > 0]
+    return total
+
+
+@dataclass(frozen=True)
+class CostPolicy:
+    max_skips: int = 8
+    throughput_floor: float = 0.9
+
+    def order(self, candidates: list[Candidate]) -> list[Candidate]:
+        """Aged requests first (longest passed over first), then fewest remaining steps."""
+        def rank(c: Candidate) -> tuple:
+            if c.skipped >= self.max_skips:
+                return (0, -c.skipped, c.arrival, c.key)
+            return (1, c.remaining, c.arrival, c.key)
+        return sorted(candidates, key=rank)
+
+    def slots(self, ordered: list[Candidate], cost) -> int:
+        """How many of `ordered` (one group) step this round; `cost(n)` -> seconds or None."""
+        n = len(ordered)
+        aged = sum(c.skipped >= self.max_skips for c in ordered)
+        if n == 0 or cost(1) is None:
+            return n   # nothing measured for this group yet: step all, which measures it
+        throughput = {k: k / cost(k) for k in range(max(aged, 1), n + 1)}
+        best = max(throughput.values())
+        allowed = [k for k, t in throughput.items() if t >= self.throughput_floor * best]
+        remaining = [c.remaining for c in ordered]
+        return min(allowed, key=lambda k: (sum_of_completions(remaining, k, cost), -k))
+
+    def choose(self, candidates: list[Candidate], model: CostModel) -> set[str]:
+        """Keys to step now; the rest wait a round (their `skipped` is the caller's to count)."""
+        groups: dict[tuple, list[Candidate]] = {}
+        for candidate in candidates:
+            groups.setdefault(candidate.group, []).append(candidate)
+        chosen: set[str] = set()
+        for group, members in groups.items():
+            ordered = self.order(members)
+            k = self.slots(ordered, lambda size, group=group: model.estimate(group, size))
+            chosen.update(c.key for c in ordered[:k])
+        return chosen
+
+
+class StepScheduler:
+    """The stage's scheduler: the policy, its cost model and each request's skip count."""
+
+    def __init__(self, kind: str = "all", max_skips: int = 8, throughput_floor: float = 0.9, cost_ewma: float = 0.3):
+        self.kind = kind
+        self.policy = CostPolicy(max_skips, throughput_floor)
+        self.model = CostModel(cost_ewma)
+        self.skipped: dict[str, int] = {}
+
+    def select(self, states: list) -> set[str]:
+        """Keys of the `states` (engine.RequestState, all with steps left) to step this round."""
+        if self.kind == "all":
+            return {s.key for s in states}
+        self.model.resolve()
+        candidates = [Candidate(s.key, s.compat_key, s.total_steps - s.step_index, self.skipped.get(s.key, 0),
+                                s.admitted_at) for s in states]
+        chosen = self.policy.choose(candidates, self.model)
+        for c in candidates:
+            self.skipped[c.key] = 0 if c.key in chosen else c.skipped + 1
+        return chosen
+
+    def observe(self, timings: list[tuple[tuple, int, ForwardTimer]]) -> None:
+        """The forwards a step ran: (compatibility key, requests, timer)."""
+        if self.kind == "cost":
+            for timing in timings:
+                self.model.add_timer(*timing)
+
+    def forget(self, key: str) -> None:
+        self.skipped.pop(key, None)
