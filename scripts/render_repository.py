@@ -10,6 +10,10 @@ of the default deployment names its deployment (parameter `deployment`), so a pl
 `tritonserver --model-repository DIR` serves the right checkpoint. The committed
 repository is the render of the default deployment; a test keeps them equal.
 
+The stages around dit are sized from the same capacity so that neither queues when dit runs
+full (`stage_sizing`): at concurrency 16 on the H200, one text_encoder (max batch 8) and one
+vae_decode (max batch 4) queued ~150 ms per request (DESIGN.md, 2026-12-01).
+
 `--gpus N` (N > 0) places one instance of each device stage (text_encoder, dit, vae_decode)
 on each of GPUs 0..N-1 (KIND_GPU; the stage then loads onto cuda:<model_instance_device_id>,
 see ditserve.adapters.base.FamilyAdapter), and multiplies the public models' instance count
@@ -49,9 +53,29 @@ parameters { key: "stage" value: { string_value: "vae_encode" } }
 """
 
 
-def gpu_instance_group(gpus: int) -> str:
-    groups = ", ".join(f"{{ count: 1, kind: KIND_GPU, gpus: [{k}] }}" for k in range(gpus))
-    return f"instance_group [{groups}]  # one instance per GPU (render_repository.py --gpus {gpus})"
+# Requests one instance batches per dynamic-batching execute before a second instance helps:
+# a second one overlaps the host side of the next batch (tokenising, BLS transfer) with the
+# current batch's forward.
+STAGE_BATCH_PER_INSTANCE = 8
+# The text encoder's batch stays at least this (its forward is cheap and prompts arrive in
+# bursts); the committed repository's value.
+MIN_TEXT_ENCODER_BATCH = 8
+
+
+def stage_sizing(capacity: int) -> dict[str, tuple[int, int]]:
+    """(instances per device, max_batch_size) of text_encoder and vae_decode for a dit capacity.
+
+    A full dit batch that finishes together decodes in one vae_decode execute, and a burst of
+    `capacity` arrivals encodes in one text_encoder execute; past STAGE_BATCH_PER_INSTANCE
+    requests per batch each stage gets another instance.
+    """
+    instances = -(-capacity // STAGE_BATCH_PER_INSTANCE)
+    return {"text_encoder": (instances, max(capacity, MIN_TEXT_ENCODER_BATCH)), "vae_decode": (instances, capacity)}
+
+
+def gpu_instance_group(gpus: int, count: int = 1) -> str:
+    groups = ", ".join(f"{{ count: {count}, kind: KIND_GPU, gpus: [{k}] }}" for k in range(gpus))
+    return f"instance_group [{groups}]  # {count} instance(s) per GPU (render_repository.py --gpus {gpus})"
 
 
 def deployment_reference(deployment: Deployment) -> str | None:
@@ -83,6 +107,11 @@ def render(template: Path, out: Path, deployment: Deployment, gpus: int = 0) -> 
         name = deployment.task + ("_stream" if model.name.endswith("_stream") else "")
         if model.name != name:
             model.rename(model.with_name(name))
+    sizing = stage_sizing(capacity)
+    for model, (count, batch) in sizing.items():
+        config = out / model / "config.pbtxt"
+        text = re.sub(r"^max_batch_size: \d+", f"max_batch_size: {batch}", config.read_text(), flags=re.M)
+        config.write_text(re.sub(r"count: \d+", f"count: {count}", text))
     vae_encode = out / "vae_encode"
     if deployment.task in TASK_CONDITIONING:
         (vae_encode / "1").mkdir(parents=True, exist_ok=True)
@@ -100,7 +129,9 @@ def render(template: Path, out: Path, deployment: Deployment, gpus: int = 0) -> 
             config = out / model / "config.pbtxt"
             if not config.exists():  # vae_encode: image-conditioned tasks only
                 continue
-            text, n = re.subn(r"^instance_group \[.*\].*$", gpu_instance_group(gpus), config.read_text(), flags=re.M)
+            count = sizing.get(model, (1, 0))[0]
+            text, n = re.subn(r"^instance_group \[.*\].*$", gpu_instance_group(gpus, count), config.read_text(),
+                              flags=re.M)
             if n != 1:
                 raise ValueError(f"{config}: expected one single-line instance_group, found {n}")
             config.write_text(text)

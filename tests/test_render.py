@@ -61,3 +61,25 @@ def test_render_names_public_models_for_the_task_and_adds_vae_encode_for_img2vid
             assert f'string_value: "{deployment}"' in config.read_text(), config   # serves its deployment
         if vae_encode:
             assert "KIND_GPU, gpus: [1]" in (out / "vae_encode" / "config.pbtxt").read_text()
+
+
+def test_stages_around_dit_are_sized_from_its_capacity(tmp_path):
+    """text_encoder and vae_decode batch a full dit batch in one execute, and get a second
+    instance (per GPU) past 8 requests per batch, so neither queues at dit's saturation."""
+    from ditserve.deployment import write_variant
+
+    deployment = tmp_path / "big.toml"
+    write_variant(ROOT / "configs" / "pixart-sigma-1024.toml", deployment, {"capacity": 16}, "tests/test_render.py")
+    for gpus, group in ((0, "{ count: 2, kind: KIND_CPU }"), (2, "{ count: 2, kind: KIND_GPU, gpus: [1] }")):
+        out = tmp_path / f"repo{gpus}"
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "render_repository.py"), "--deployment",
+                        str(deployment), "--gpus", str(gpus), "--out", str(out)], check=True)
+        for model in ("text_encoder", "vae_decode"):
+            config = (out / model / "config.pbtxt").read_text()
+            assert "max_batch_size: 16" in config and group in config, (gpus, model)
+        assert "{ count: 1, kind: KIND_GPU, gpus: [1] }" in (out / "dit" / "config.pbtxt").read_text() or not gpus
+    out = tmp_path / "repo8"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "render_repository.py"), "--deployment",
+                    "configs/pixart-sigma-1024.toml", "--out", str(out)], check=True)
+    assert "max_batch_size: 8" in (out / "vae_decode" / "config.pbtxt").read_text()  # was 4: 2 decodes per batch
+    assert "count: 1," in (out / "vae_decode" / "config.pbtxt").read_text()

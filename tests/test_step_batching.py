@@ -31,7 +31,8 @@ def assert_each_streamed_and_matches(requests: list, results: list, diffusers_pi
         steps = request.num_inference_steps
         assert progress == [(i, steps) for i in range(1, steps + 1)]
         expected = diffusers_image(diffusers_pixart, request.prompt, request.seed, steps,
-                                   request.guidance_scale or 4.5, negative_prompt=request.negative_prompt or "")
+                                   request.guidance_scale or 4.5, request.height or 64, request.width or 64,
+                                   negative_prompt=request.negative_prompt or "")
         assert_matches(image, expected)
 
 

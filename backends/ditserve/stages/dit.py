@@ -117,6 +117,8 @@ class DitStage:
         if self.deployment.engine.mode == "step":
             # The scheduler picks who steps; the rest keep their state and are rescheduled unstepped.
             chosen = self.scheduler.select([self.engine.table[key] for key, _ in active])
+            if len(chosen) < len(active):
+                self.metrics.scheduler_waits.increment(len(active) - len(chosen))
             self._step([(k, r) for k, r in active if k in chosen])
             for key, request in active:
                 if key in self.engine:

@@ -56,6 +56,9 @@ class DitMetrics:
                                          "Batched forwards that failed and were retried one request at a time", model)
         self.step_failures = counter("ditserve_step_failures_total",
                                      "Generations ended by a failed or non-finite denoise step", model)
+        self.scheduler_waits = counter("ditserve_scheduler_waits_total",
+                                       "Ready generations the step scheduler rescheduled without a step "
+                                       "(one per generation per execute; always 0 with scheduler \"all\")", model)
         self.compiled = counter("ditserve_compiled_forwards_total",
                                 "Transformer forwards run compiled / graph-captured (warm shapes)", model)
         self.eager = counter("ditserve_eager_forwards_total",

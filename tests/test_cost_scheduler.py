@@ -1,0 +1,48 @@
+"""`[engine] scheduler = "cost"` on a real tritonserver (tiny PixArt): a mixed stream of 4- and
+30-step requests, two sizes, CFG on and off, all finish with progress for every step and the
+image diffusers makes; a request that waits a round keeps its state and loses no step."""
+from __future__ import annotations
+
+import pytest
+
+from conftest import ROOT, TINY_PIXART, rendered_server
+from ditserve.client import GenerationRequest
+from ditserve.deployment import write_variant
+from helpers import StreamCall, scrape
+from test_step_batching import assert_each_streamed_and_matches
+
+
+@pytest.fixture(scope="session")
+def cost_server(tmp_path_factory):
+    deployment = tmp_path_factory.mktemp("cost-deployment") / "tiny-pixart-cost.toml"
+    write_variant(ROOT / "configs" / "tiny-pixart-sigma.toml", deployment,
+                  {"scheduler": "cost", "max_skips": 4}, "tests/test_cost_scheduler.py")
+    srv = rendered_server(tmp_path_factory, deployment, TINY_PIXART, "cost-server")
+    yield srv
+    srv.stop()
+
+
+def test_mixed_requests_all_finish_exactly_under_the_cost_scheduler(cost_server, diffusers_pixart):
+    requests = [
+        GenerationRequest("a red cat", seed=1, num_inference_steps=30),
+        GenerationRequest("a blue bird", seed=2, num_inference_steps=30),
+        GenerationRequest("a castle", seed=3, num_inference_steps=4),
+        GenerationRequest("a forest", seed=4, num_inference_steps=30, height=96, width=64),
+        GenerationRequest("a boat", seed=5, num_inference_steps=4, guidance_scale=1.0),
+        GenerationRequest("a lamp", seed=6, num_inference_steps=4),
+        GenerationRequest("a dog", seed=7, num_inference_steps=30, guidance_scale=1.0, height=64, width=96),
+        GenerationRequest("a tree", seed=8, num_inference_steps=4),
+    ]
+    before = scrape(cost_server.metrics_url)
+    calls = [StreamCall(cost_server.grpc_url, r).start() for r in requests[:4]]
+    calls[0].wait_progress(3)   # the rest join a running batch
+    calls += [StreamCall(cost_server.grpc_url, r).start() for r in requests[4:]]
+    results = [call.finish() for call in calls]
+    after = scrape(cost_server.metrics_url)
+
+    assert_each_streamed_and_matches(requests, results, diffusers_pixart)
+    delta = lambda name: after.get((name, "dit"), 0) - before.get((name, "dit"), 0)  # noqa: E731
+    assert delta("ditserve_step_batch_size_sum") == sum(r.num_inference_steps for r in requests), \
+        "one forward row per request per step: waiting rounds neither lose nor repeat a step"
+    print(f"scheduler waits: {delta('ditserve_scheduler_waits_total'):.0f} request-rounds")
+    assert after.get(("ditserve_state_table_size", "dit")) == 0
