@@ -22,6 +22,10 @@
 #   control   perf/matched_control.py (request mode vs step batching on one workload)
 #             -> $OUT/control_* (time depends on CONTROL_RATE / CONTROL_N); an incomplete run
 #             leaves every stub's Python stacks in its server log (TritonServer.dump_stacks)
+#   scheduler issue 22: perf/matched_control.py on one seeded mixed Poisson trace (sizes
+#             SCHED_SIZES 512,768,1024, 4 or 30 steps, CFG on/off), modes SCHED_MODES (default
+#             request_batch,step:cost; run step,step:cost in a second call) at capacity
+#             SCHED_CAPACITY (16) -> $OUT/control_* as the control stage (not in `all`; one call)
 #   soak      perf/soak.py on the PixArt deployment: measured saturation, then Poisson phases at
 #             0.5 / 0.9 / 1.3 x it for SOAK_PHASE_S s each, 512-1024px, 10-20 steps, 5 % cancels,
 #             2 % bad requests, 2 % injected faults; checks nothing is lost and records resource
@@ -68,6 +72,7 @@
 # first builds full-size Wan2.1-T2V-1.3B if missing), SWEEP_LEVEL_TIMEOUT_S (150),
 # SOAK_PHASE_S (60), SOAK_SIZES (512,768,1024), SOAK_STEPS (10-20),
 # CONTROL_RATE (0.6 req/s), CONTROL_N (24), CONTROL_ARGS (extra args),
+# SCHED_MODES, SCHED_CAPACITY, SCHED_RATE (1.0 req/s), SCHED_N (40), SCHED_SIZES (scheduler stage),
 # VIDEO_STEPS (2), VIDEO_REPS (3), VIDEO_TEXT_ENCODER_LAYERS (24 = real),
 # I2V_STEPS (2), I2V_REPS (1), I2V_TRANSPORTS (grpc,system), I2V_TEXT_ENCODER_LAYERS (24 = real),
 # I2V_TRANSFORMER_LAYERS (40 = real; fewer cut only the transformer's depth: per-step time
@@ -429,6 +434,21 @@ stage_control() {
     return $rc
 }
 
+# Issue 22: the step scheduler ([engine] scheduler = "cost") against request batching and plain
+# step batching on a mixed trace (sizes, 4/30 steps, CFG on/off), same trace, one server per mode.
+stage_scheduler() {
+    local ctrl="$WORK/control"
+    mkdir -p "$ctrl"
+    local modes="${SCHED_MODES:-request_batch,step:cost}"
+    "$PY" perf/matched_control.py --deployment "$DEPLOYMENT" --modes "$modes" --compare "${modes##*,}" \
+        --capacity "${SCHED_CAPACITY:-16}" --rate "${SCHED_RATE:-1.0}" --num-requests "${SCHED_N:-40}" \
+        --sizes "${SCHED_SIZES:-512,768,1024}" --steps 4,30 --guidance 1.0,4.5 --seed 22 \
+        --server-timeout 300 --out-dir "$ctrl"
+    local rc=$?
+    collect_control "$ctrl"
+    return $rc
+}
+
 # At most 8 files come back: control's two newest JSON/MD files (plus a tarball when it
 # wrote more than those).
 collect_control() {
@@ -536,14 +556,14 @@ main() {
     for s in "${stages[@]}"; do
         case "$s" in
             all) expanded+=(env build baseline smoke control) ;;
-            env|matrix|build|baseline|smoke|control|sweeps|soak|video|i2v|accel) expanded+=("$s") ;;
+            env|matrix|build|baseline|smoke|control|scheduler|sweeps|soak|video|i2v|accel) expanded+=("$s") ;;
             -h|--help) awk 'NR > 1 && /^#/ {print; next} NR > 1 {exit}' "$0"; return 0 ;;
-            *) echo "unknown stage: $s (env|matrix|build|baseline|smoke|control|sweeps|soak|video|i2v|accel|all)"; return 2 ;;
+            *) echo "unknown stage: $s (env|matrix|build|baseline|smoke|control|scheduler|sweeps|soak|video|i2v|accel|all)"; return 2 ;;
         esac
     done
     mkdir -p "$WORK"
     export REPO_ROOT PY OUT DEADLINE_S DEPLOYMENT MODEL_DIR DEVICE SIZE STEPS WORK START_EPOCH ACCEL_ROWS="${ACCEL_ROWS:-pixart512,pixart1024}" ACCEL_SETTINGS
-    export -f log remaining model_ready stage_env stage_build stage_baseline stage_smoke stage_control collect_control \
+    export -f log remaining model_ready stage_env stage_build stage_baseline stage_smoke stage_control stage_scheduler collect_control \
         stage_matrix build_wan_t2v stage_sweeps stage_soak stage_video stage_i2v accel_row stage_accel
     log "stages: ${expanded[*]} (deadline ${DEADLINE_S}s)"
     for s in "${expanded[@]}"; do
@@ -553,6 +573,7 @@ main() {
             baseline) ensure_model baseline && run_timed baseline 120 stage_baseline ;;
             smoke) ensure_model smoke && run_timed smoke 150 stage_smoke ;;
             control) ensure_model control && run_timed control 200 stage_control ;;
+            scheduler) ensure_model scheduler && run_timed scheduler 400 stage_scheduler ;;
             sweeps) run_timed sweeps 240 stage_sweeps ;;
             soak) ensure_model soak && run_timed soak $(( 3 * ${SOAK_PHASE_S:-60} + 110 )) stage_soak ;;  # 3 phases + warm-up, saturation, drains, stop
             matrix) run_timed matrix 150 stage_matrix ;;

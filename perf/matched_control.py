@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "backends"))
 
-from ditserve.deployment import ENGINE_MODES, load_deployment, write_variant  # noqa: E402
+from ditserve.deployment import ENGINE_MODES, SCHEDULERS, load_deployment, write_variant  # noqa: E402
 from ditserve.launcher import ServerOptions, TritonServer, free_ports  # noqa: E402
 from machine import fence, machine_info, machine_label, server_version  # noqa: E402
 
@@ -58,12 +58,15 @@ DEFAULT_TRACE = "perf/traces/tiny_mixed_v1.jsonl"
 # ---- deployments -------------------------------------------------------------------------
 
 def write_mode_deployment(base: Path, mode: str, capacity: int | None, out: Path) -> tuple[Path, int]:
-    """The base deployment with [engine] mode (and capacity) replaced; returns (path, capacity)."""
-    if mode not in ENGINE_MODES:
-        raise SystemExit(f"unknown mode {mode!r}; choose from {ENGINE_MODES}")
+    """The base deployment with [engine] mode (and capacity) replaced; returns (path, capacity).
+    `mode` may name a step scheduler too: `step:cost` = mode "step", scheduler "cost"."""
+    mode, _, scheduler = mode.partition(":")
+    if mode not in ENGINE_MODES or (scheduler and scheduler not in SCHEDULERS):
+        raise SystemExit(f"unknown mode {mode!r}; choose from {ENGINE_MODES}, or step:<scheduler> with a "
+                         f"scheduler of {SCHEDULERS}")
     cap = capacity if capacity is not None else load_deployment(base).engine.capacity
-    variant = write_variant(base, out, {"mode": mode, "capacity": 1 if mode == "serial" else cap},
-                            "perf/matched_control.py")
+    engine = {"mode": mode, "capacity": 1 if mode == "serial" else cap, **({"scheduler": scheduler} if scheduler else {})}
+    variant = write_variant(base, out, engine, "perf/matched_control.py")
     return out, variant.engine.capacity
 
 
@@ -76,14 +79,15 @@ def render_repository(deployment: Path, out: Path) -> None:
 # ---- one mode ----------------------------------------------------------------------------
 
 def run_mode(mode: str, args, entries: list[dict], source: str, work: Path) -> dict:
+    label = mode.replace(":", "-")   # step:cost -> step-cost in file names
     deployment, capacity = write_mode_deployment(Path(args.deployment).resolve(), mode, args.capacity,
-                                                 work / f"deployment-{mode}.toml")
-    repo = work / f"repository-{mode}"
+                                                 work / f"deployment-{label}.toml")
+    repo = work / f"repository-{label}"
     render_repository(deployment, repo)
     http, grpc_port, metrics = free_ports(3)
     server = TritonServer(ServerOptions(model_repository=repo, http_port=http, grpc_port=grpc_port,
                                         metrics_port=metrics, deployment=str(deployment)),
-                          log_path=work / f"server-{mode}.log")
+                          log_path=work / f"server-{label}.log")
     print(f"[matched_control] {mode}: starting tritonserver (capacity {capacity}, log {server.log_path})",
           file=sys.stderr, flush=True)
     t = time.monotonic()
@@ -179,7 +183,7 @@ def comparison_table(reports: dict[str, dict], ref: str | None, alt: str | None)
 
 
 def verdict(reports: dict[str, dict], args) -> dict:
-    ref, alt = "request_batch", "step"
+    ref, alt = "request_batch", args.compare
     out: dict = {"checks": {}, "success": None}
     if ref not in reports or alt not in reports:
         out["text"] = "No verdict: the hypothesis compares request_batch with step; run both modes."
@@ -324,7 +328,11 @@ server's histograms over the measured replays. Names: vLLM-Omni's diffusion benc
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--deployment", default="configs/tiny-pixart-sigma.toml", help="base deployment TOML")
-    p.add_argument("--modes", default="request_batch,step", help="comma-separated engine modes, run in this order")
+    p.add_argument("--modes", default="request_batch,step",
+                   help="comma-separated engine modes, run in this order; step:cost = step mode with "
+                        "[engine] scheduler = \"cost\"")
+    p.add_argument("--compare", default="step", help="the mode the verdict holds against request_batch "
+                                                     "(default step; e.g. step:cost)")
     p.add_argument("--capacity", type=int, default=None, help="override [engine] capacity (default: the base's)")
     src = p.add_argument_group("arrivals (default: --trace perf/traces/tiny_mixed_v1.jsonl)")
     src.add_argument("--trace")
