@@ -172,10 +172,9 @@ class StepEngine:
 
     def _forward_and_step(self, states: list[RequestState], report: StepReport, entries: list) -> None:
         """Raises only from the forward, before any state changed; scheduler failures are per request."""
-        timer = ForwardTimer(states[0].latents.device)
-        outputs = self.adapter.denoise(states)
+        timer = ForwardTimer(states[0].latents.device)   # an injected sleep counts: it emulates a GPU's forward
+        outputs = self.faults.at("denoise", [_subject(s) for s in states], self.adapter.denoise(states))
         timer.stop()
-        outputs = self.faults.at("denoise", [_subject(s) for s in states], outputs)
         report.batch_sizes.append(len(states))
         report.timings.append((states[0].compat_key, len(states), timer))
         batch = f"(in a forward of {len(states)} request{'s' if len(states) > 1 else ''})"

@@ -32,22 +32,22 @@ class ForwardTimer:
     has finished; the engine never synchronises just to time), the wall clock on a CPU."""
 
     def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        if self.cuda:
+        self.stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
+        if self.stream is not None:
             self.begin, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            self.begin.record()
+            self.begin.record(self.stream)
         else:
             self.begin = time.perf_counter()
 
     def stop(self) -> None:
-        if self.cuda:
-            self.end.record()
+        if self.stream is not None:
+            self.end.record(self.stream)
         else:
             self.end = time.perf_counter()
 
     def seconds(self) -> float | None:
         """The forward's duration, or None while its GPU work is still running."""
-        if not self.cuda:
+        if self.stream is None:
             return self.end - self.begin
         return self.begin.elapsed_time(self.end) / 1000.0 if self.end.query() else None
 
