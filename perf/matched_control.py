@@ -286,7 +286,7 @@ def write_results(args, command: str, info: dict, reports: dict[str, dict], entr
 {fence(command, 'bash')}
 Workload: {source}; {len(entries)} requests over {t_span:.2f} s of arrivals (offered {_fmt(first.get('offered_request_rate'), 2)} req/s),
 {len(shapes)} distinct shapes, {cancels} with a client cancel (`cancel_after_s`). Each mode: its own server (deployment =
-`{args.deployment}` with `[engine] mode` replaced, capacity {first.get('capacity')}), warm-up {args.warmup} requests,
+`{args.deployment}` with `[engine] mode` (and `scheduler`, for step:<scheduler>) replaced, capacity {first.get('capacity')}), warm-up {args.warmup} requests,
 solo latency of every shape ({args.solo_repeats} runs each, median), then the trace replayed {args.replays} time(s)
 back to back (statistics pooled). SLO = {args.slo_scale:g} x the solo latency of the request's shape measured on the
 same server. Total wall time {wall_s:.0f} s.
@@ -299,7 +299,7 @@ same server. Total wall time {wall_s:.0f} s.
 - git {info['git']}; load average at write-up: {info['load_average']}
 
 ## Comparison
-{comparison_table(reports, 'request_batch' if 'request_batch' in reports else None, 'step' if 'step' in reports else None)}
+{comparison_table(reports, 'request_batch' if 'request_batch' in reports else None, args.compare if args.compare in reports else None)}
 {replay_note}
 Solo latency per shape (ms, one request alone on the same server):
 

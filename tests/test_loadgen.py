@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -88,3 +90,15 @@ def test_matched_control_keeps_a_deployments_fault_rules(tmp_path):
     original, variant = load_deployment(base), load_deployment(path)
     assert variant.engine.mode == "request_batch" and capacity == original.engine.capacity == 8
     assert variant.faults == original.faults and len(variant.faults.rules) == 3
+
+
+def test_matched_control_mode_can_name_a_step_scheduler(tmp_path):
+    sys.path.insert(0, str(ROOT / "perf"))
+    import matched_control
+    from ditserve.deployment import load_deployment
+    base = ROOT / "configs" / "tiny-pixart-sigma.toml"
+    path, _ = matched_control.write_mode_deployment(base, "step:cost", None, tmp_path / "variant.toml")
+    engine = load_deployment(path).engine
+    assert (engine.mode, engine.scheduler) == ("step", "cost")
+    with pytest.raises(SystemExit, match="step:<scheduler>"):
+        matched_control.write_mode_deployment(base, "step:fast", None, tmp_path / "bad.toml")
