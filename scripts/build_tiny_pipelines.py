@@ -214,13 +214,14 @@ WAN_T2V_SCHEDULER_CONFIG = dict(
 )
 
 
-def tiny_t5_tokenizer(model_max_length: int = 300) -> T5Tokenizer:
-    """Unigram T5 tokenizer over printable ASCII plus common words, built in memory.
+def tiny_t5_tokenizer(model_max_length: int = 300, extra_words: tuple[str, ...] = ()) -> T5Tokenizer:
+    """Unigram T5 tokenizer over printable ASCII plus common words (and `extra_words`), built in memory.
 
     Scores are log-prob-like: a whole word beats spelling it out, and a
     word-initial piece ("▁x") beats a bare "▁" followed by the character.
     """
-    scores = {"▁": -12.0} | {"▁" + word: -5.0 for word in COMMON_WORDS} | {s: -7.0 for s in COMMON_SUFFIXES}
+    words = dict.fromkeys([*COMMON_WORDS, *extra_words])  # ordered, no repeats: ids stay stable
+    scores = {"▁": -12.0} | {"▁" + word: -5.0 for word in words} | {s: -7.0 for s in COMMON_SUFFIXES}
     for c in string.ascii_lowercase + string.digits + string.punctuation + string.ascii_uppercase:
         scores.setdefault("▁" + c, -9.0)
         scores.setdefault(c, -10.0)
@@ -228,17 +229,15 @@ def tiny_t5_tokenizer(model_max_length: int = 300) -> T5Tokenizer:
     return T5Tokenizer(vocab=vocab, extra_ids=0, model_max_length=model_max_length)
 
 
-def tiny_t5_encoder(vocab_size: int, d_model: int,
-                    model_class: type[PreTrainedModel] = T5EncoderModel) -> PreTrainedModel:
+def tiny_t5_encoder(vocab_size: int, d_model: int, model_class: type[PreTrainedModel] = T5EncoderModel,
+                    **sizes: int) -> PreTrainedModel:
     """T5 v1.1-style encoder (gated-gelu, no output rescaling) like PixArt's T5-XXL, or with
-    `model_class=UMT5EncoderModel` like Wan's UMT5-XXL (per-layer relative attention bias)."""
+    `model_class=UMT5EncoderModel` like Wan's UMT5-XXL (per-layer relative attention bias).
+    `sizes` overrides d_kv, d_ff, num_layers, num_heads."""
     config = model_class.config_class(
         vocab_size=vocab_size,
         d_model=d_model,
-        d_kv=16,
-        d_ff=64,
-        num_layers=2,
-        num_heads=2,
+        **{"d_kv": 16, "d_ff": 64, "num_layers": 2, "num_heads": 2, **sizes},
         relative_attention_num_buckets=32,
         relative_attention_max_distance=128,
         feed_forward_proj="gated-gelu",
