@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# README command 1: set up .venv, build the tiny pipelines, serve, generate one PNG.
+# README command 1: set up .venv, build the tiny pipelines, serve the trained tiny model, generate one PNG.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

@@ -20,6 +20,8 @@ TINY_WAN = ROOT / "models" / "tiny-wan-t2v"
 WAN_DEPLOYMENT = ROOT / "configs" / "tiny-wan-t2v.toml"
 TINY_WAN_I2V = ROOT / "models" / "tiny-wan-i2v"
 I2V_DEPLOYMENT = ROOT / "configs" / "tiny-wan-i2v.toml"
+TINY_SHAPES = ROOT / "models" / "tiny-pixart-shapes"  # trained, committed (docs/tiny-model.md)
+SHAPES_DEPLOYMENT = ROOT / "configs" / "tiny-pixart-shapes.toml"
 
 
 
@@ -72,6 +74,14 @@ def wan_server(tmp_path_factory):
 def i2v_server(tmp_path_factory):
     """A third real server, for the tiny Wan2.1 I2V deployment (img2vid / img2vid_stream, vae_encode)."""
     srv = rendered_server(tmp_path_factory, I2V_DEPLOYMENT, TINY_WAN_I2V, "i2v-server")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def shapes_server(tmp_path_factory):
+    """A fourth real server, for the trained tiny PixArt-Sigma (txt2img on coloured shapes)."""
+    srv = rendered_server(tmp_path_factory, SHAPES_DEPLOYMENT, TINY_SHAPES, "shapes-server")
     yield srv
     srv.stop()
 
