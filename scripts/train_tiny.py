@@ -49,6 +49,7 @@ from diffusers import (
     PixArtTransformer2DModel,
 )
 from PIL import Image
+from transformers import T5Tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import shapes_dataset as shapes  # noqa: E402
@@ -66,6 +67,8 @@ NO_CONDITIONS = {"resolution": None, "aspect_ratio": None}
 
 @dataclass
 class TrainConfig:
+    """The command line, as the summary records it."""
+
     out: Path
     report: Path | None
     seed: int
@@ -83,7 +86,9 @@ class TrainConfig:
 
 @dataclass
 class Parts:
-    tokenizer: object
+    """The trained pipeline's components (the scheduler has no weights)."""
+
+    tokenizer: T5Tokenizer
     text_encoder: torch.nn.Module
     vae: AutoencoderKL
     transformer: PixArtTransformer2DModel
@@ -176,7 +181,8 @@ def set_latent_scale(vae: AutoencoderKL, cfg: TrainConfig, device: torch.device,
 class CaptionTable:
     """Every caption of `combos` in every template, tokenized once: [combo, template, tokens]."""
 
-    def __init__(self, tokenizer, combos, device: torch.device) -> None:
+    def __init__(self, tokenizer: T5Tokenizer, combos: tuple[tuple[str, str, str], ...],
+                 device: torch.device) -> None:
         texts = [shapes.caption(*combo, template) for combo in combos for template in range(len(shapes.TEMPLATES))]
         length = max(len(tokenizer(text).input_ids) for text in texts)
         tokens = tokenizer(texts + [""], padding="max_length", max_length=length, return_tensors="pt")

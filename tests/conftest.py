@@ -79,14 +79,6 @@ def i2v_server(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def shapes_server(tmp_path_factory):
-    """A fourth real server, for the trained tiny PixArt-Sigma (txt2img on coloured shapes)."""
-    srv = rendered_server(tmp_path_factory, SHAPES_DEPLOYMENT, TINY_SHAPES, "shapes-server")
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="session")
 def diffusers_wan():
     """The video oracle: plain diffusers WanPipeline on the same tiny checkpoint."""
     from diffusers import WanPipeline
