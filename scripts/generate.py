@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, dest="num_inference_steps")
     p.add_argument("--guidance", type=float, dest="guidance_scale")
     p.add_argument("--seed", type=int)
+    p.add_argument("--quality", help="cache tier: lossless (default) or one the deployment's [cache] enables")
     p.add_argument("--output", help="PNG for images; .mp4 or .npy for videos "
                                      "(default: outputs/image.png or outputs/video.mp4)")
     p.add_argument("--url", help="server address (default 127.0.0.1:8001 for gRPC, :8000 for HTTP)")
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     url = args.url or ("127.0.0.1:8000" if args.protocol == "http" else "127.0.0.1:8001")
     request = GenerationRequest(args.prompt, args.negative_prompt, args.height, args.width,
                                 args.num_inference_steps, args.guidance_scale, args.seed, args.num_frames, args.fps,
-                                "mp4" if video and out.suffix == ".mp4" else None, image)
+                                "mp4" if video and out.suffix == ".mp4" else None, image, args.quality)
     bar = tqdm(desc="denoising", unit="step", disable=args.protocol != "grpc-stream")
 
     def on_progress(done: int, total: int) -> None:
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         Image.fromarray(result.media).save(out)
     *frames, height, width, _ = result.media.shape
     what = f"{frames[0]} frames of " if frames else ""
-    print(f"wrote {out} ({what}{width}x{height}, seed {result.seed}) in {time.monotonic() - start:.2f}s")
+    print(f"wrote {out} ({what}{width}x{height}, seed {result.seed}, {result.cache_hits} cached steps) in {time.monotonic() - start:.2f}s")
     return 0
 
 

@@ -46,6 +46,7 @@ class GenerationRequest:
     fps: int | None = None
     output_format: str | None = None
     image: np.ndarray | None = None
+    quality: str | None = None     # cache tier: "lossless" (the server's default) or a tier it enables
 
     def tensors(self) -> list[tuple[str, np.ndarray, str]]:
         """(name, value with shape [1], Triton dtype) for every input that is set."""
@@ -60,6 +61,7 @@ class GenerationRequest:
             ("num_frames", self.num_frames, np.int32, "INT32"),
             ("fps", self.fps, np.int32, "INT32"),
             ("output_format", self.output_format, np.object_, "BYTES"),
+            ("quality", self.quality, np.object_, "BYTES"),
         ]
         out = []
         for name, value, np_type, triton_type in fields:
@@ -97,6 +99,7 @@ class GenerationResult:
     seed: int
     steps_reported: int        # progress responses received (streaming only)
     video_mp4: bytes | None = None  # txt2vid with output_format="mp4"
+    cache_hits: int = 0        # denoise steps the request's quality tier reused (0 for lossless)
 
 
 class DitClient:
@@ -120,7 +123,7 @@ class DitClient:
         self.pool = OutputRegionPool(self._client, shm, shm_device) if shm else None
 
     def _outputs(self, request: GenerationRequest, region=None, byte_size: int = 0) -> list:
-        names = [self.media_name, "seed"]
+        names = [self.media_name, "seed", "cache_hits"]
         if request.output_format == "mp4":
             names.append("video_mp4")
         if self.protocol == "grpc-stream":
@@ -148,15 +151,15 @@ class DitClient:
             if region is not None:
                 self.pool.release(region, broken=True)
             raise
-        seed = int(final.as_numpy("seed")[0])
+        seed, hits = int(final.as_numpy("seed")[0]), int(final.as_numpy("cache_hits")[0])
         mp4 = final.as_numpy("video_mp4") if request.output_format == "mp4" else None
         mp4 = None if mp4 is None else bytes(mp4.reshape(-1)[0])
         if region is None:
-            return GenerationResult(final.as_numpy(self.media_name), seed, steps, video_mp4=mp4)
+            return GenerationResult(final.as_numpy(self.media_name), seed, steps, video_mp4=mp4, cache_hits=hits)
         shape = self._output_shape(final, self.media_name)
         media = self.pool.as_torch(region, shape) if keep_on_gpu else self.pool.read(region, shape)
         self.pool.release(region)
-        return GenerationResult(media, seed, steps, video_mp4=mp4)
+        return GenerationResult(media, seed, steps, video_mp4=mp4, cache_hits=hits)
 
     def _output_shape(self, result, name: str) -> list[int]:
         output = result.get_output(name)

@@ -153,6 +153,33 @@ class AccelSection:
         return parsed
 
 
+LOSSLESS = "lossless"
+
+
+@dataclass(frozen=True)
+class CacheSection:
+    """Per-request quality tiers (ditserve/cache.py): First-Block Cache thresholds, per family.
+
+    tiers    tier name -> threshold on the first block's relative L1 change between a
+             request's steps; below it the request reuses its cached residual of the other
+             blocks. Higher = more reuse, more loss. Calibrated per model (docs/cache.md)
+    enabled  the tiers requests may ask for (input `quality`); empty = every tier listed.
+             `lossless` (every block, every step) is always allowed and is the default
+    """
+
+    tiers: dict = field(default_factory=dict)
+    enabled: tuple[str, ...] = ()
+
+    @property
+    def allowed(self) -> tuple[str, ...]:
+        """The values of input `quality` this deployment accepts, `lossless` first."""
+        return (LOSSLESS, *(self.enabled or tuple(self.tiers)))
+
+    def threshold(self, quality: str) -> float | None:
+        """The tier's threshold; None for `lossless` (no cache state at all)."""
+        return None if quality == LOSSLESS else float(self.tiers[quality])
+
+
 @dataclass(frozen=True)
 class Faults:
     """Fault injection for reliability tests (see ditserve/faults.py). Empty = off, the default.
@@ -170,6 +197,7 @@ class Deployment:
     limits: Limits = field(default_factory=Limits)
     engine: EngineSection = field(default_factory=EngineSection)
     accel: AccelSection = field(default_factory=AccelSection)
+    cache: CacheSection = field(default_factory=CacheSection)
     faults: Faults = field(default_factory=Faults)
     source: str = ""
 
@@ -190,11 +218,12 @@ class Deployment:
 
 
 def _section(cls, data: dict, name: str):
+    """A section's dataclass; TOML lists become tuples (the sections are frozen)."""
     known = {f.name for f in fields(cls)}
     unknown = set(data) - known
     if unknown:
         raise ValueError(f"deployment [{name}] has unknown keys {sorted(unknown)}; allowed: {sorted(known)}")
-    return cls(**data)
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
 
 
 def load_deployment(path: str | os.PathLike | None = None) -> Deployment:
@@ -205,7 +234,7 @@ def load_deployment(path: str | os.PathLike | None = None) -> Deployment:
     if not path.exists():
         raise FileNotFoundError(f"deployment config {path} not found; pick one under {REPO_ROOT / 'configs'}")
     data = tomllib.loads(path.read_text())
-    unknown = set(data) - {"model", "defaults", "limits", "engine", "accel", "faults"}
+    unknown = set(data) - {"model", "defaults", "limits", "engine", "accel", "cache", "faults"}
     if unknown:
         raise ValueError(f"deployment {path} has unknown sections {sorted(unknown)}")
     if "model" not in data:
@@ -215,7 +244,8 @@ def load_deployment(path: str | os.PathLike | None = None) -> Deployment:
         defaults=_section(Defaults, data.get("defaults", {}), "defaults"),
         limits=_section(Limits, data.get("limits", {}), "limits"),
         engine=_section(EngineSection, data.get("engine", {}), "engine"),
-        accel=_accel_section(data.get("accel", {})),
+        accel=_section(AccelSection, data.get("accel", {}), "accel"),
+        cache=_section(CacheSection, data.get("cache", {}), "cache"),
         faults=Faults(parse_rules(data.get("faults", {}))),
         source=str(path),
     )
@@ -231,6 +261,7 @@ def load_deployment(path: str | os.PathLike | None = None) -> Deployment:
         raise ValueError(f"deployment [engine] capacity={dep.engine.capacity}; must be >= 1")
     _check_scheduler(dep.engine)
     _check_accel(dep)
+    _check_cache(dep.cache)
     return dep
 
 
@@ -248,9 +279,21 @@ def _check_scheduler(engine: EngineSection) -> None:
             raise ValueError(f"deployment [engine] {name}={value!r}; allowed: a number in (0, 1]")
 
 
-def _accel_section(data: dict) -> AccelSection:
-    lists = {k: tuple(v) for k, v in data.items() if k in ("row_buckets", "warm_sizes") and isinstance(v, list)}
-    return _section(AccelSection, {**data, **lists}, "accel")
+def _check_cache(cache: CacheSection) -> None:
+    """[cache] tiers are names with positive thresholds; `enabled` names only listed tiers."""
+    if not isinstance(cache.tiers, dict):
+        raise ValueError(f"deployment [cache] tiers={cache.tiers!r}; allowed: a table such as "
+                         "{ balanced = 0.05, fast = 0.1 }")
+    for name, value in cache.tiers.items():
+        if name == LOSSLESS:
+            raise ValueError(f"deployment [cache] tiers: {LOSSLESS!r} is built in (every block, every step); "
+                             "name the lossy tiers only")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"deployment [cache] tiers.{name}={value!r}; allowed: a threshold > 0")
+    unknown = [name for name in cache.enabled if name not in cache.tiers]
+    if unknown:
+        raise ValueError(f"deployment [cache] enabled={list(cache.enabled)} names tiers {unknown} that [cache] "
+                         f"tiers does not define; defined: {sorted(cache.tiers)}")
 
 
 def _check_accel(dep: Deployment) -> None:
@@ -284,6 +327,8 @@ def _toml_value(v) -> str:
         return json.dumps(v)  # a JSON string is a valid TOML basic string
     if isinstance(v, list):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):   # an inline table, e.g. [cache] tiers
+        return "{ " + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + " }"
     raise TypeError(f"cannot write {type(v).__name__} to TOML")
 
 
@@ -305,11 +350,12 @@ def dump_toml(data: dict) -> str:
     return "\n".join(lines).lstrip() + "\n"
 
 
-def write_variant(base: Path, out: Path, engine: dict, writer: str, accel: dict | None = None) -> Deployment:
-    """Write `base` with the given [engine] (and [accel]) keys replaced to `out` (perf tools serve
+def write_variant(base: Path, out: Path, engine: dict, writer: str, accel: dict | None = None,
+                  cache: dict | None = None) -> Deployment:
+    """Write `base` with the given [engine] (and [accel], [cache]) keys replaced to `out` (perf tools serve
     such variants side by side); returns it loaded, so anything the server would reject fails here."""
     data = tomllib.loads(Path(base).read_text())
-    changes = {"engine": engine, "accel": accel or {}}
+    changes = {"engine": engine, "accel": accel or {}, "cache": cache or {}}
     for section, keys in changes.items():
         if keys:
             data[section] = {**data.get(section, {}), **keys}

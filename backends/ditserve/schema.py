@@ -15,7 +15,7 @@ from typing import Mapping
 
 import numpy as np
 
-from .deployment import Deployment
+from .deployment import LOSSLESS, Deployment
 
 MAX_SEED = 2**63 - 1
 
@@ -40,6 +40,7 @@ TXT2IMG_INPUTS = (
     InputSpec("num_inference_steps", "INT32", True),
     InputSpec("guidance_scale", "FP32", True),
     InputSpec("seed", "INT64", True),
+    InputSpec("quality", "BYTES", True),   # cache tier: "lossless" (default) or one of [cache] tiers
 )
 # txt2vid / txt2vid_stream: the image inputs plus the video's length, rate and container.
 TXT2VID_INPUTS = TXT2IMG_INPUTS + (
@@ -71,6 +72,7 @@ class GenerationParams:
     num_frames: int = 1           # 1 for images
     fps: int = 16                 # video only
     output_format: str = "raw"    # video only: "raw" or "mp4"
+    quality: str = LOSSLESS       # cache tier (deployment [cache]); never part of the compat key
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -137,11 +139,13 @@ def decode_request(inputs: Mapping[str, np.ndarray | None], deployment: Deployme
     negative = values.get("negative_prompt")
     negative = dft.negative_prompt if negative is None else _text("negative_prompt", negative, lim.max_prompt_bytes, True)
     seed_was_drawn = "seed" not in values
+    quality = values.get("quality")
+    quality = LOSSLESS if quality is None else _text("quality", quality, 64, allow_empty=False)
     params = GenerationParams(
         prompt, negative, int(values.get("height", dft.height)), int(values.get("width", dft.width)),
         int(values.get("num_inference_steps", dft.num_inference_steps)),
         float(values.get("guidance_scale", dft.guidance_scale)),
-        secrets.randbelow(MAX_SEED) if seed_was_drawn else int(values["seed"]), seed_was_drawn,
+        secrets.randbelow(MAX_SEED) if seed_was_drawn else int(values["seed"]), seed_was_drawn, quality=quality,
     )
     if deployment.is_video:
         fmt = values.get("output_format")
@@ -191,6 +195,10 @@ def check_params(params: GenerationParams, deployment: Deployment) -> Generation
                              f"[0, {lim.max_guidance_scale}]")
     _in_range("guidance_scale", params.guidance_scale, 0.0, lim.max_guidance_scale)
     _in_range("seed", params.seed, 0, MAX_SEED)
+    allowed = deployment.cache.allowed
+    if params.quality not in allowed:
+        raise InvalidRequest(f"input 'quality'={params.quality!r} is not a tier this deployment enables; "
+                             f"allowed: {list(allowed)}")
     for name in ("num_frames", "fps"):
         if isinstance(getattr(params, name), bool) or not isinstance(getattr(params, name), int):
             raise InvalidRequest(f"input '{name}' must be an integer")

@@ -45,6 +45,8 @@ class RequestState:
     last_seen: float = field(default_factory=time.monotonic)
     # The NaN/inf check of its latest step, not read yet (engine.StepChecks): read at its next step.
     unchecked: Any = None
+    # Its First-Block Cache (cache.RowCache) when it asked for a lossy `quality` tier, else None.
+    cache: Any = None
 
     @property
     def total_steps(self) -> int:

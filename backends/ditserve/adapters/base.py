@@ -25,6 +25,7 @@ import torch
 from diffusers.utils.torch_utils import randn_tensor
 
 from ..accel import TransformerRunner, WarmCompiled, WarmupReport, apply_fp8, warm_attribute, warming
+from ..cache import RowCache
 from ..deployment import Deployment
 from ..schema import GenerationParams, check_params
 from ..state import RequestState, TextConditioning
@@ -78,6 +79,10 @@ class FamilyAdapter(ABC):
         self.check_limits(stage)
         self.stage = stage
         self.run_forward, self.stage_runner = self._accelerate(stage)
+        self.cache_hits = 0   # steps reused by all requests so far (ditserve_cache_hits_total)
+        if stage == "dit" and deployment.cache.tiers and not self.caches:
+            raise ValueError(f"deployment [cache] tiers: family {self.family!r} has no cached forward yet; "
+                             "remove the [cache] section")
 
     def _accelerate(self, stage: str) -> tuple[TransformerRunner | None, WarmCompiled | None]:
         """The deployment's [accel] for this stage: dit's transformer runner, or a compiled
@@ -155,6 +160,13 @@ class FamilyAdapter(ABC):
     def text_embed_dim(self) -> int:
         """Width of the text embeddings the transformer takes (text_encoder's output)."""
 
+    caches: ClassVar[bool] = False   # whether the family implements `cached_forward` (quality tiers)
+
+    def cached_forward(self, latents: torch.Tensor, timesteps: torch.Tensor, cond: TextConditioning,
+                       caches: list[RowCache | None]) -> torch.Tensor:
+        """`forward` with a First-Block Cache per request (cache.apply_first_block_cache), eager."""
+        raise NotImplementedError(f"family {self.family!r} has no cached forward")
+
     def check_limits(self, stage: str) -> None:
         """Fail at load time when the deployment's limits disagree with the model."""
 
@@ -180,7 +192,9 @@ class FamilyAdapter(ABC):
                                 {name: t.to(self.device) for name, t in cond.extra.items()})
         accepts_generator = "generator" in inspect.signature(scheduler.step).parameters
         step_kwargs = {"generator": generator} if accepts_generator else {}
-        return RequestState(key, params, scheduler, scheduler.timesteps, latents, cond, generator, step_kwargs)
+        threshold = self.deployment.cache.threshold(params.quality)
+        return RequestState(key, params, scheduler, scheduler.timesteps, latents, cond, generator, step_kwargs,
+                            cache=None if threshold is None else RowCache(threshold))
 
     @torch.inference_mode()
     def denoise(self, states: list[RequestState]) -> list[torch.Tensor]:
@@ -196,9 +210,15 @@ class FamilyAdapter(ABC):
             masks.append(s.cond.mask)
             for name, t in s.cond.extra.items():  # one row per request, shared by its CFG rows
                 extras[name].append(t.expand(rows, *t.shape[1:]))
-        out = self.run_forward(torch.cat(latents), torch.cat(timesteps).to(self.device),
-                               TextConditioning(torch.cat(embeds), torch.cat(masks),
-                                                {name: torch.cat(ts) for name, ts in extras.items()}))
+        inputs = (torch.cat(latents), torch.cat(timesteps).to(self.device),
+                  TextConditioning(torch.cat(embeds), torch.cat(masks), {name: torch.cat(ts) for name, ts in extras.items()}))
+        caches = [s.cache for s in states]
+        if any(cache is not None for cache in caches):   # a lossy tier in the batch: the eager cached path
+            before = sum(cache.hits for cache in caches if cache is not None)
+            out = self.cached_forward(*inputs, caches)
+            self.cache_hits += sum(cache.hits for cache in caches if cache is not None) - before
+        else:
+            out = self.run_forward(*inputs)
         if not states[0].params.do_cfg:   # one compat key: all states guide alike
             return list(out.split(1))
         # CFG over the batch at once, rows [negative, prompt] per request, each with its own

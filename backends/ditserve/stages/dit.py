@@ -50,9 +50,11 @@ INPUTS = (
 # Responses carry only the outputs the request asked for (common.requested_outputs): a
 # direct client that did not ask for `error` gets an error response, and one that did
 # not ask for `progress` no progress.
+# `cache_hits`, with the final latents: the steps the request's cache tier reused (0 for lossless).
 OUTPUTS = (
     TensorSpec("progress", "TYPE_INT32", (2,)),
     TensorSpec("error", "TYPE_UINT8", (-1,)),
+    TensorSpec("cache_hits", "TYPE_INT32", (1,)),
 )
 
 
@@ -173,6 +175,7 @@ class DitStage:
             self.metrics.step_batch.observe(size)
         self.metrics.step_seconds.observe(report.seconds)
         self.metrics.count_forwards(self.engine.adapter.run_forward.calls)
+        self.metrics.count_cache_hits(self.engine.adapter.cache_hits)
         self.metrics.active.set(len(active))
         for key, request in active:
             state = self.engine.table[key]
@@ -184,7 +187,8 @@ class DitStage:
                 latents = to_pb("latents", state.latents.float().cpu())
                 self._release(key)
                 progress = _progress(state.total_steps, state.total_steps)
-                sender.send(pb_utils.InferenceResponse([t for t in (progress, latents) if t.name() in wanted]),
+                hits = to_pb("cache_hits", torch.tensor([[state.cache.hits if state.cache else 0]], dtype=torch.int32))
+                sender.send(pb_utils.InferenceResponse([t for t in (progress, latents, hits) if t.name() in wanted]),
                             flags=FINAL)
         self.metrics.state_table.set(len(self.engine))
 

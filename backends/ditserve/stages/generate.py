@@ -61,7 +61,8 @@ def io_specs(deployment: Deployment) -> tuple[tuple[TensorSpec, ...], tuple[Tens
     outputs = [TensorSpec(media_output(deployment), "TYPE_UINT8", media_dims(deployment))]
     if deployment.is_video:
         outputs.append(TensorSpec("video_mp4", "TYPE_STRING", (1,)))
-    outputs += [TensorSpec("seed", "TYPE_INT64", (1,)), TensorSpec("progress", "TYPE_INT32", (2,))]
+    outputs += [TensorSpec("seed", "TYPE_INT64", (1,)), TensorSpec("progress", "TYPE_INT32", (2,)),
+                TensorSpec("cache_hits", "TYPE_INT32", (1,))]   # steps the `quality` tier reused
     return inputs, tuple(outputs)
 
 
@@ -216,10 +217,10 @@ class GenerateStage:
         conditioning = self._timed("encode", self._encode, request, deadline, params)
         if conditioned:
             conditioning.update(self._timed("condition", self._condition, request, deadline, request, params))
-        latents = self._timed("denoise", self._denoise, request, deadline, request, params, conditioning,
-                              on_progress, arrival, deadline)
+        latents, hits = self._timed("denoise", self._denoise, request, deadline, request, params, conditioning,
+                                    on_progress, arrival, deadline)
         media = self._timed("decode", self._decode, request, deadline, latents)
-        outputs = [to_pb(media_output(self.deployment), media)]
+        outputs = [to_pb(media_output(self.deployment), media), to_pb("cache_hits", to_torch(hits)[0].clone())]
         if params.output_format == "mp4":
             outputs.append(self._timed("mp4", self._mp4, request, deadline, media, params.fps))
         if request.is_cancelled():  # the client left during the last stage: counted as cancelled, not sent
@@ -274,7 +275,7 @@ class GenerateStage:
 
     def _denoise(self, request, params: GenerationParams, conditioning: dict[str, torch.Tensor],
                  on_progress: Callable | None, arrival: float, deadline: Deadline):
-        """Hand the conditioning to dit out of band (handoff.py: dit gets the same request
+        """dit's final latents and cache hits. Hands the conditioning to dit out of band (handoff.py: dit gets the same request
         back at every step, and with it any input it carries), then run the denoise loop."""
         dit_id = uuid.uuid4().hex
         self.handoff.put(dit_id, conditioning)
@@ -285,24 +286,25 @@ class GenerateStage:
 
     def _stream_dit(self, request, params: GenerationParams, dit_id: str, on_progress: Callable | None,
                     arrival: float, deadline: Deadline):
-        """dit's final latents, or the reason the generation stopped early, raised once
-        `_read_dit` has read dit's stream to its end."""
-        latents, stop = self._read_dit(request, params, dit_id, on_progress, arrival, deadline)
+        """dit's final latents and cache hits, or the reason the generation stopped early, raised
+        once `_read_dit` has read dit's stream to its end."""
+        final, stop = self._read_dit(request, params, dit_id, on_progress, arrival, deadline)
         if stop is not None:
             self.cancels.discard(dit_id)  # dit may have finished before it saw the flag
             raise stop.exception()
-        if latents is None:
+        if final is None:
             raise StageError("dit: finished without latents")
-        return latents
+        return final
 
     def _read_dit(self, request, params: GenerationParams, dit_id: str, on_progress: Callable | None,
-                  arrival: float, deadline: Deadline) -> tuple[object | None, Stop | None]:
+                  arrival: float, deadline: Deadline) -> tuple[tuple | None, Stop | None]:
         """Read dit's per-step responses, forwarding progress. To stop early (client cancel,
         timeout, a progress response that cannot be sent) flag dit and keep reading: dit ends
         the stream with one error response at its next step boundary, so the stream is always
         read to its end rather than left half-read."""
-        dit = _bls("dit", [self._params_tensor(params)], ["progress", "latents", "error"], request_id=dit_id)
-        first_step, latents, stop, done, read = None, None, None, 0, []
+        dit = _bls("dit", [self._params_tensor(params)], ["progress", "latents", "error", "cache_hits"],
+                   request_id=dit_id)
+        first_step, result, stop, done, read = None, None, None, 0, []
         for response in self.stubs.call("dit", lambda: dit.exec(decoupled=True)):
             read.append(response)
             progress = pb_utils.get_output_tensor_by_name(response, "progress")
@@ -330,13 +332,14 @@ class GenerateStage:
                     stop = Stop(StageError, f"output: could not send a progress response: {type(exc).__name__}: {exc}")
                     self.cancels.cancel(dit_id)
             final = pb_utils.get_output_tensor_by_name(response, "latents")
-            latents = final if final is not None else latents
+            if final is not None:
+                result = (final, pb_utils.get_output_tensor_by_name(response, "cache_hits"))
         # Once a stream ends, a C++ thread of the stub drops its own reference to the stream's
         # responses without taking the GIL (python_backend's cleanup); were that the last one,
         # their numpy arrays would be freed there. Holding them until the next generation
         # leaves the last reference to this thread (a suspected cause of the H200 soak crashes).
         self.last_dit_responses = read
-        return (None, stop) if stop is not None else (latents, None)
+        return (None, stop) if stop is not None else (result, None)
 
     def _decode(self, latents):
         """uint8 media of the one generation, where vae_decode handed it (the host by default)."""

@@ -63,7 +63,10 @@ class DitMetrics:
                                 "Transformer forwards run compiled / graph-captured (warm shapes)", model)
         self.eager = counter("ditserve_eager_forwards_total",
                              "Transformer forwards run eager ([accel] off, or a shape not warmed)", model)
-        self._counted = {"compiled": 0, "eager": 0}
+        self.cache_hits = counter("ditserve_cache_hits_total",
+                                  "Denoise steps a request's cache tier reused instead of running the blocks "
+                                  "after the first (input quality; 0 for lossless)", model)
+        self._counted = {"compiled": 0, "eager": 0, "cache_hits": 0}
 
     def count_forwards(self, calls: dict[str, int]) -> None:
         """Add what the transformer runner counted since the last call."""
@@ -71,6 +74,12 @@ class DitMetrics:
             if calls[path] > self._counted[path]:
                 metric.increment(calls[path] - self._counted[path])
                 self._counted[path] = calls[path]
+
+    def count_cache_hits(self, total: int) -> None:
+        """Add the adapter's cache hits since the last call."""
+        if total > self._counted["cache_hits"]:
+            self.cache_hits.increment(total - self._counted["cache_hits"])
+            self._counted["cache_hits"] = total
 
 
 class GenerateMetrics:

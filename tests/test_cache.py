@@ -1,0 +1,139 @@
+"""Quality tiers (input `quality`): a First-Block Cache per request inside step batches (ditserve/cache.py).
+
+Unit tests pin the decision and the row scatter; the served tests use the trained tiny
+PixArt-Sigma (configs/tiny-pixart-shapes.toml, [cache] tiers balanced and fast), whose
+server the shapes tests start anyway: a `fast` request reuses steps and says how many (output
+`cache_hits`, metric `ditserve_cache_hits_total`), a `lossless` request step-batched beside
+`fast` ones equals its solo result and diffusers, and a tier the deployment does not enable
+is rejected naming `quality` and the allowed values.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from tritonclient.utils import InferenceServerException
+
+from conftest import ROOT, diffusers_image
+from ditserve.cache import RowCache, apply_first_block_cache, relative_change
+from ditserve.client import DitClient, GenerationRequest
+from ditserve.deployment import load_deployment, write_variant
+from ditserve.schema import InvalidRequest, decode_request
+from helpers import histogram_above, run_staggered, scrape, wait_for_metric
+from test_shapes_model import diffusers_shapes  # noqa: F401  (the oracle fixture on the trained weights)
+from test_txt2img import assert_matches
+
+SHAPES = ROOT / "configs" / "tiny-pixart-shapes.toml"
+PROMPT, STEPS = "a red circle on a blue background", 12
+
+
+# ---- the decision and the scatter, no server ---------------------------------------------
+def _rest(calls: list):
+    """run_rest that adds 10 and records which rows it was given."""
+    def run(index, hidden):
+        calls.append(None if index is None else index.tolist())
+        return hidden + 10
+    return run
+
+
+def test_first_step_computes_and_later_small_changes_reuse():
+    cache, calls = RowCache(threshold=0.1), []
+    first_in, first_out = torch.zeros(2, 3), torch.ones(2, 3)
+    out = apply_first_block_cache(first_in, first_out, [cache], _rest(calls))
+    assert calls == [None] and cache.hits == 0 and torch.equal(out, first_out + 10)
+    assert torch.equal(cache.rest_residual, torch.full((2, 3), 10.0))
+    # Residual 1.05 vs 1.0: a 5 % change, under 0.1: reuse (first-block output + cached residual).
+    out = apply_first_block_cache(first_in, first_out * 1.05, [cache], _rest(calls))
+    assert calls == [None] and cache.hits == 1 and torch.allclose(out, first_out * 1.05 + 10)
+    # The reference stays the last computed step's residual (as diffusers): 1.2 vs 1.0 computes.
+    apply_first_block_cache(first_in, first_out * 1.2, [cache], _rest(calls))
+    assert calls == [None, None] and cache.hits == 1
+
+
+def test_only_rows_that_compute_run_the_rest_and_lossless_always_does():
+    fast, lossless, calls = RowCache(threshold=0.5), None, []
+    first_in = torch.zeros(4, 3)                      # 2 requests x 2 CFG rows
+    apply_first_block_cache(first_in, torch.ones(4, 3), [fast, lossless], _rest(calls))
+    out = apply_first_block_cache(first_in, torch.ones(4, 3) * 1.1, [fast, lossless], _rest(calls))
+    assert calls == [None, [2, 3]], "the reusing request's rows leave the batch for the other blocks"
+    assert fast.hits == 1 and torch.allclose(out, torch.full((4, 3), 11.1))
+
+
+def test_relative_change_is_the_mean_absolute_change_over_the_mean_magnitude():
+    assert relative_change(torch.tensor([1.1, -2.2]), torch.tensor([1.0, -2.0])) == pytest.approx(0.1)
+
+
+def test_bad_tier_is_rejected_before_any_model_work_naming_the_allowed_values():
+    deployment = load_deployment(SHAPES)
+    inputs = {"prompt": np.array([b"x"], dtype=np.object_), "quality": np.array([b"turbo"], dtype=np.object_)}
+    with pytest.raises(InvalidRequest, match=r"input 'quality'='turbo'.*\['lossless', 'balanced', 'fast'\]"):
+        decode_request(inputs, deployment)
+
+
+def test_cache_section_is_checked_at_load(tmp_path):
+    with pytest.raises(ValueError, match=r"\[cache\] enabled=\['turbo'\] names tiers \['turbo'\]"):
+        write_variant(SHAPES, tmp_path / "bad.toml", {}, "test", cache={"enabled": ["turbo"]})
+    only_fast = write_variant(SHAPES, tmp_path / "fast.toml", {}, "test", cache={"enabled": ["fast"]})
+    assert only_fast.cache.allowed == ("lossless", "fast")
+
+
+def test_lossless_rows_of_the_cached_path_equal_the_plain_forward_bit_for_bit():
+    """The in-process half of the parity claim: beside requests that reuse (and so leave the
+    batch for the later blocks), a lossless request's rows equal the plain forward of the same
+    batch exactly; with no reuse at all the cached path is the plain forward."""
+    from ditserve.adapters import adapter_for
+    from ditserve.state import TextConditioning
+
+    deployment = load_deployment(SHAPES)
+    adapter = adapter_for(deployment.model.family)(deployment, "dit")
+    generator = torch.Generator().manual_seed(0)
+    length = deployment.model.max_sequence_length
+    cond = TextConditioning(torch.randn(6, length, adapter.text_embed_dim, generator=generator),
+                            torch.ones(6, length, dtype=torch.int64))
+    cond.mask[:, 12:] = 0
+    latents, timesteps = torch.randn(6, 4, 16, 16, generator=generator), torch.tensor([900, 900, 500, 500, 300, 300])
+    with torch.inference_mode():
+        plain = adapter.forward(latents, timesteps, cond)
+        assert torch.equal(adapter.cached_forward(latents, timesteps, cond, [None] * 3), plain)
+        caches = [RowCache(threshold=1e9), None, RowCache(threshold=1e9)]   # always reuse once cached
+        adapter.cached_forward(latents, timesteps, cond, caches)
+        mixed = adapter.cached_forward(latents, timesteps, cond, caches)
+    assert [c.hits for c in caches if c] == [1, 1]
+    assert torch.equal(mixed[2:4], plain[2:4])
+
+
+# ---- served ------------------------------------------------------------------------------
+def test_bad_tier_is_rejected_by_the_server(shapes_server):
+    with DitClient(shapes_server.grpc_url, "grpc") as client:
+        with pytest.raises(InferenceServerException, match=r"input 'quality'.*allowed: \['lossless', 'balanced', "
+                                                           r"'fast'\]"):
+            client.generate(GenerationRequest(PROMPT, seed=1, quality="turbo"))
+        assert client.generate(GenerationRequest(PROMPT, seed=1, num_inference_steps=2)).cache_hits == 0
+
+
+def test_fast_request_reuses_steps_and_counts_them(shapes_server):
+    before = scrape(shapes_server.metrics_url).get(("ditserve_cache_hits_total", "dit"), 0.0)
+    with DitClient(shapes_server.grpc_url, "grpc") as client:
+        fast = client.generate(GenerationRequest(PROMPT, seed=3, num_inference_steps=STEPS, quality="fast"))
+    assert 0 < fast.cache_hits < STEPS
+    expected = before + fast.cache_hits
+    assert wait_for_metric(shapes_server.metrics_url, "ditserve_cache_hits_total", "dit", expected) == expected
+
+
+def test_lossless_beside_fast_in_step_batches_equals_its_solo_result(shapes_server, diffusers_shapes):  # noqa: F811
+    lossless = GenerationRequest(PROMPT, seed=5, num_inference_steps=STEPS)
+    with DitClient(shapes_server.grpc_url, "grpc") as client:
+        solo = client.generate(lossless).media
+    assert_matches(solo, diffusers_image(diffusers_shapes, PROMPT, 5, STEPS, 4.5))
+    # lossless / fast / lossless / fast, each joining the earlier ones mid-denoise.
+    requests = [GenerationRequest(PROMPT, seed=6, num_inference_steps=STEPS, quality="fast"), lossless,
+                GenerationRequest("a green square on a white background", seed=7, num_inference_steps=STEPS - 4,
+                                  quality="fast"),
+                GenerationRequest(PROMPT, seed=5, num_inference_steps=STEPS)]
+    shared = histogram_above(shapes_server.metrics_url, "ditserve_step_batch_size", "dit", "1")
+    hits = scrape(shapes_server.metrics_url).get(("ditserve_cache_hits_total", "dit"), 0.0)
+    results = run_staggered(shapes_server.grpc_url, requests, wait_steps=2)
+    assert histogram_above(shapes_server.metrics_url, "ditserve_step_batch_size", "dit", "1") > shared
+    assert scrape(shapes_server.metrics_url).get(("ditserve_cache_hits_total", "dit"), 0.0) > hits
+    for _, media in (results[1], results[3]):   # as exact as plain step batching (see the in-process test)
+        assert_matches(media, solo)
