@@ -65,6 +65,8 @@ def run_tier(stages: dict, params: list[GenerationParams], batch: int) -> tuple[
             report = engine.step([k for k in keys if not engine.table[k].done])
             if report.failed:
                 raise RuntimeError(f"denoise failed: {report.failed}")
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
         seconds += time.monotonic() - began
         for key in keys:
             state = engine.release(key)

@@ -45,6 +45,11 @@
 #             20 steps, solo + closed loop at capacity; wan: 81x480x832, 10 steps, solo) ->
 #             $OUT/accel.tgz (perf/accel_bench.py's JSON and server log per row); ~4-5 min per PixArt
 #             row with its build, compile and warm-up (not in `all`)
+#   cache     issue 20: perf/cache_frontier.py in process on the full-size PixArt deployment
+#             ($SIZE px, $STEPS steps): lossless vs the CACHE_TIERS thresholds (default
+#             t05=0.05 t10=0.1 t20=0.2), CACHE_PROMPTS (16) prompts in step batches of CACHE_BATCH (8),
+#             3 interleaved passes -> $OUT/cache_frontier.json (speed-up, cache hits, block work;
+#             random weights: the PSNR/SSIM there are not quality evidence) (not in `all`; ~3-4 min)
 #   i2v       full-size Wan2.1-I2V-14B-480P (random weights) -> models/wan2.1-i2v-14b-480p-random
 #             (~46 GB: transformer 16.4B, UMT5-XXL 5.7B, CLIP ViT-H/14 0.63B, VAE), then
 #             perf/video_transport.py on configs/wan2.1-i2v-14b-480p-random.toml: img2vid_stream,
@@ -334,6 +339,12 @@ accel_row() {
     esac
 }
 
+stage_cache() {
+    "$PY" perf/cache_frontier.py --deployment "$DEPLOYMENT" --steps "$STEPS" --prompts "${CACHE_PROMPTS:-16}" \
+        --batch "${CACHE_BATCH:-8}" --threads 16 --extra ${CACHE_TIERS:-t05=0.05 t10=0.1 t20=0.2} \
+        --out "$OUT/cache_frontier.json"
+}
+
 stage_accel() {
     local row rc=0
     mkdir -p "$WORK/accel"
@@ -556,15 +567,15 @@ main() {
     for s in "${stages[@]}"; do
         case "$s" in
             all) expanded+=(env build baseline smoke control) ;;
-            env|matrix|build|baseline|smoke|control|scheduler|sweeps|soak|video|i2v|accel) expanded+=("$s") ;;
+            env|matrix|build|baseline|smoke|control|scheduler|sweeps|soak|video|i2v|accel|cache) expanded+=("$s") ;;
             -h|--help) awk 'NR > 1 && /^#/ {print; next} NR > 1 {exit}' "$0"; return 0 ;;
-            *) echo "unknown stage: $s (env|matrix|build|baseline|smoke|control|scheduler|sweeps|soak|video|i2v|accel|all)"; return 2 ;;
+            *) echo "unknown stage: $s (env|matrix|build|baseline|smoke|control|scheduler|sweeps|soak|video|i2v|accel|cache|all)"; return 2 ;;
         esac
     done
     mkdir -p "$WORK"
     export REPO_ROOT PY OUT DEADLINE_S DEPLOYMENT MODEL_DIR DEVICE SIZE STEPS WORK START_EPOCH ACCEL_ROWS="${ACCEL_ROWS:-pixart512,pixart1024}" ACCEL_SETTINGS
     export -f log remaining model_ready stage_env stage_build stage_baseline stage_smoke stage_control stage_scheduler collect_control \
-        stage_matrix build_wan_t2v stage_sweeps stage_soak stage_video stage_i2v accel_row stage_accel
+        stage_matrix build_wan_t2v stage_sweeps stage_soak stage_video stage_i2v accel_row stage_accel stage_cache
     log "stages: ${expanded[*]} (deadline ${DEADLINE_S}s)"
     for s in "${expanded[@]}"; do
         case "$s" in
@@ -580,6 +591,7 @@ main() {
             video) run_timed video 240 stage_video ;;
             i2v) run_timed i2v 300 stage_i2v ;;
             accel) run_timed accel 200 stage_accel ;;
+            cache) ensure_model cache && run_timed cache 240 stage_cache ;;
         esac
     done
     [[ -f "$MODEL_DIR/build_info.json" && ! -f "$OUT/build_info.json" ]] && cp "$MODEL_DIR/build_info.json" "$OUT/"

@@ -19,7 +19,7 @@ from ditserve.cache import RowCache, apply_first_block_cache, relative_change
 from ditserve.client import DitClient, GenerationRequest
 from ditserve.deployment import load_deployment, write_variant
 from ditserve.schema import InvalidRequest, decode_request
-from helpers import histogram_above, run_staggered, scrape, wait_for_metric
+from helpers import cancel_mid_denoise, histogram_above, run_staggered, scrape, wait_for_metric
 from test_shapes_model import diffusers_shapes  # noqa: F401  (the oracle fixture on the trained weights)
 from test_txt2img import assert_matches
 
@@ -60,7 +60,7 @@ def test_only_rows_that_compute_run_the_rest_and_lossless_always_does():
 
 
 def test_relative_change_is_the_mean_absolute_change_over_the_mean_magnitude():
-    assert relative_change(torch.tensor([1.1, -2.2]), torch.tensor([1.0, -2.0])) == pytest.approx(0.1)
+    assert float(relative_change(torch.tensor([1.1, -2.2]), torch.tensor([1.0, -2.0]))) == pytest.approx(0.1)
 
 
 def test_bad_tier_is_rejected_before_any_model_work_naming_the_allowed_values():
@@ -111,13 +111,33 @@ def test_bad_tier_is_rejected_by_the_server(shapes_server):
         assert client.generate(GenerationRequest(PROMPT, seed=1, num_inference_steps=2)).cache_hits == 0
 
 
-def test_fast_request_reuses_steps_and_counts_them(shapes_server):
+FAST = GenerationRequest(PROMPT, seed=3, num_inference_steps=STEPS, quality="fast")
+
+
+@pytest.fixture(scope="module")
+def fast_solo(shapes_server):
+    """A `fast` request served alone, and what ditserve_cache_hits_total moved by meanwhile."""
     before = scrape(shapes_server.metrics_url).get(("ditserve_cache_hits_total", "dit"), 0.0)
     with DitClient(shapes_server.grpc_url, "grpc") as client:
-        fast = client.generate(GenerationRequest(PROMPT, seed=3, num_inference_steps=STEPS, quality="fast"))
-    assert 0 < fast.cache_hits < STEPS
-    expected = before + fast.cache_hits
-    assert wait_for_metric(shapes_server.metrics_url, "ditserve_cache_hits_total", "dit", expected) == expected
+        result = client.generate(FAST)
+    after = wait_for_metric(shapes_server.metrics_url, "ditserve_cache_hits_total", "dit", before + result.cache_hits)
+    return result, after - before
+
+
+def test_fast_request_reuses_steps_and_counts_them(fast_solo):
+    result, counted = fast_solo
+    assert 0 < result.cache_hits < STEPS
+    assert counted == result.cache_hits
+
+
+def test_cancelled_fast_request_leaves_no_cache_behind(shapes_server, fast_solo):
+    """Cancelled mid-denoise (state freed, no decode), then the same request gets exactly its
+    solo result and hits again: nothing of the cancelled request's cache is reused."""
+    cancel_mid_denoise(shapes_server, FAST, "txt2img", after_steps=STEPS // 2)
+    with DitClient(shapes_server.grpc_url, "grpc") as client:
+        again = client.generate(FAST)
+    assert again.cache_hits == fast_solo[0].cache_hits
+    assert np.array_equal(again.media, fast_solo[0].media)
 
 
 def test_lossless_beside_fast_in_step_batches_equals_its_solo_result(shapes_server, diffusers_shapes):  # noqa: F811

@@ -30,16 +30,27 @@ class RowCache:
     rest_residual: torch.Tensor | None = None    # what the other blocks added at that step
     hits: int = 0                                # steps that reused instead of computing
 
-    def reusable(self, first_residual: torch.Tensor) -> bool:
-        """Whether the first block's residual moved less than the threshold (relative L1, as diffusers)."""
-        if self.first_residual is None:
-            return False
-        return relative_change(first_residual, self.first_residual) < self.threshold
+    def reusable(self, change: float | None) -> bool:
+        """Whether the first block's residual moved less than the threshold since the last
+        computed step (None: nothing cached yet)."""
+        return change is not None and change < self.threshold
 
 
-def relative_change(new: torch.Tensor, old: torch.Tensor) -> float:
-    """mean |new - old| / mean |old|: diffusers' First-Block Cache measure."""
-    return float((new - old).abs().mean() / old.abs().mean().clamp_min(1e-12))
+def relative_change(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+    """mean |new - old| / mean |old|: diffusers' First-Block Cache measure (a 0-dim tensor)."""
+    new, old = new.float(), old.float()
+    return (new - old).abs().mean() / old.abs().mean().clamp_min(1e-12)
+
+
+def changes(residual: torch.Tensor, caches: list[RowCache | None], rows: int) -> list[float | None]:
+    """Each cached request's relative change, read from the device in one transfer."""
+    known = [i for i, cache in enumerate(caches) if cache is not None and cache.first_residual is not None]
+    out: list[float | None] = [None] * len(caches)
+    if known:
+        values = torch.stack([relative_change(residual[rows_of(i, rows)], caches[i].first_residual) for i in known])
+        for i, value in zip(known, values.tolist()):
+            out[i] = value
+    return out
 
 
 def rows_of(index: int, rows: int) -> slice:
@@ -55,7 +66,8 @@ def apply_first_block_cache(first_in: torch.Tensor, first_out: torch.Tensor, cac
     other blocks on the rows `index` of the batch (hidden holds just those rows; None = all)."""
     rows = first_in.shape[0] // len(caches)
     residual = first_out - first_in
-    reuse = [cache is not None and cache.reusable(residual[rows_of(i, rows)]) for i, cache in enumerate(caches)]
+    reuse = [cache is not None and cache.reusable(change)
+             for cache, change in zip(caches, changes(residual, caches, rows))]
     out = first_out.clone()
     for i, cache in enumerate(caches):
         if reuse[i]:

@@ -198,7 +198,16 @@ class FamilyAdapter(ABC):
 
     @torch.inference_mode()
     def denoise(self, states: list[RequestState]) -> list[torch.Tensor]:
-        """One guided model output per state; all states must share a compat key."""
+        """One guided model output per state; all states must share a compat key.
+
+        A batch holding a lossy `quality` tier runs the eager cached forward. With a compiled
+        transformer, lossless requests of that batch run apart, compiled: the result of a
+        lossless request never depends on its peers' tiers."""
+        lossless = [s for s in states if s.cache is None]
+        if self.run_forward.compiled is not None and 0 < len(lossless) < len(states):
+            lossy = [s for s in states if s.cache is not None]
+            outputs = dict(zip([s.key for s in lossless + lossy], self.denoise(lossless) + self.denoise(lossy)))
+            return [outputs[s.key] for s in states]
         latents, timesteps, embeds, masks = [], [], [], []
         extras = {name: [] for name in states[0].cond.extra}
         for s in states:
