@@ -77,6 +77,15 @@ def test_cache_section_is_checked_at_load(tmp_path):
     assert only_fast.cache.allowed == ("lossless", "fast")
 
 
+def test_a_family_without_a_cached_forward_refuses_cache_tiers_at_load(tmp_path):
+    from ditserve.adapters import adapter_for
+
+    wan = write_variant(ROOT / "configs" / "tiny-wan-t2v.toml", tmp_path / "wan.toml", {}, "test",
+                        cache={"tiers": {"fast": 0.1}})
+    with pytest.raises(ValueError, match=r"family 'wan-t2v' has no cached forward yet"):
+        adapter_for(wan.model.family)(wan, "dit")
+
+
 def test_lossless_rows_of_the_cached_path_equal_the_plain_forward_bit_for_bit():
     """The in-process half of the parity claim: beside requests that reuse (and so leave the
     batch for the later blocks), a lossless request's rows equal the plain forward of the same

@@ -65,6 +65,7 @@ class FamilyAdapter(ABC):
     pipeline_class: ClassVar[type]
     component_names: ClassVar[tuple[str, ...]]
     family: ClassVar[str]           # the deployment's [model] family (deployment.FAMILY_TASKS)
+    caches: ClassVar[bool] = False  # whether the family implements `cached_forward` (quality tiers)
 
     def __init__(self, deployment: Deployment, stage: str, device: str | None = None):
         """`device` overrides the deployment's [model] device (a KIND_GPU instance's GPU)."""
@@ -159,8 +160,6 @@ class FamilyAdapter(ABC):
     @abstractmethod
     def text_embed_dim(self) -> int:
         """Width of the text embeddings the transformer takes (text_encoder's output)."""
-
-    caches: ClassVar[bool] = False   # whether the family implements `cached_forward` (quality tiers)
 
     def cached_forward(self, latents: torch.Tensor, timesteps: torch.Tensor, cond: TextConditioning,
                        caches: list[RowCache | None]) -> torch.Tensor:

@@ -22,6 +22,7 @@ class PixArtSigmaAdapter(FamilyAdapter):
     pipeline_class = PixArtSigmaPipeline
     family = "pixart-sigma"
     component_names = ("tokenizer", "text_encoder", "transformer", "vae", "scheduler")
+    caches = True   # quality tiers: cached_forward below
 
     @torch.inference_mode()
     def encode_text(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,8 +56,6 @@ class PixArtSigmaAdapter(FamilyAdapter):
             added_cond_kwargs={"resolution": None, "aspect_ratio": None}, return_dict=False,
         )[0]
         return self._noise_prediction(out)
-
-    caches = True
 
     def cached_forward(self, latents: torch.Tensor, timesteps: torch.Tensor, cond: TextConditioning,
                        caches: list[RowCache | None]) -> torch.Tensor:
