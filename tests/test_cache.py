@@ -1,8 +1,8 @@
 """Quality tiers (input `quality`): a First-Block Cache per request inside step batches (ditserve/cache.py).
 
 Unit tests pin the decision and the row scatter; the served tests use the trained tiny
-PixArt-Sigma (configs/tiny-pixart-shapes.toml, [cache] tiers balanced and fast), whose
-server the shapes tests start anyway: a `fast` request reuses steps and says how many (output
+PixArt-Sigma (configs/tiny-pixart-shapes.toml, [cache] tiers balanced and fast), on a
+server of its own (test_shapes_model.shapes_server is module-scoped): a `fast` request reuses steps and says how many (output
 `cache_hits`, metric `ditserve_cache_hits_total`), a `lossless` request step-batched beside
 `fast` ones equals its solo result and diffusers, and a tier the deployment does not enable
 is rejected naming `quality` and the allowed values.
@@ -20,7 +20,7 @@ from ditserve.client import DitClient, GenerationRequest
 from ditserve.deployment import load_deployment, write_variant
 from ditserve.schema import InvalidRequest, decode_request
 from helpers import cancel_mid_denoise, histogram_above, run_staggered, scrape, wait_for_metric
-from test_shapes_model import diffusers_shapes  # noqa: F401  (the oracle fixture on the trained weights)
+from test_shapes_model import diffusers_shapes, shapes_server  # noqa: F401  (module-scoped: a server for this module)
 from test_txt2img import assert_matches
 
 SHAPES = ROOT / "configs" / "tiny-pixart-shapes.toml"
