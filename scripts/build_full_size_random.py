@@ -11,11 +11,19 @@
       (transformer 16.4B with image cross-attention and 36 input channels, UMT5-XXL encoder
       5.7B, CLIP ViT-H/14 vision encoder 0.63B + CLIPImageProcessor, Wan2.1 VAE, flow UniPC),
       ~46 GB in bf16, into `models/wan2.1-i2v-14b-480p-random/`.
+  --family flux: same classes and configs as `black-forest-labs/FLUX.1-dev` (transformer 11.9B:
+      19 double- and 38 single-stream blocks, CLIP-L text 0.12B, T5-v1.1-XXL encoder 4.8B,
+      16-channel VAE, dynamic-shift flow-match Euler), ~34 GB in bf16, into
+      `models/flux.1-dev-random/`. FLUX.1-schnell is the same without the guidance embedding.
+  --family sd3: same classes and configs as `stabilityai/stable-diffusion-3.5-large` (MMDiT
+      8.1B, CLIP-L 0.12B and CLIP-G 0.69B text towers with projection, T5-v1.1-XXL encoder
+      4.8B, 16-channel VAE, flow-match Euler with shift 3), ~27 GB in bf16, into
+      `models/sd3.5-large-random/`.
 
 Speed and memory match the real checkpoint; the outputs are noise. Written in diffusers
-layout (safetensors). No network: the tokenizer is the tiny offline one from
-build_tiny_pipelines.py (its ids are all < 32128, and both pipelines pad every prompt to
-max_sequence_length tokens anyway, so encoder cost is the real one).
+layout (safetensors). No network: the tokenizers are the tiny offline ones from
+build_tiny_pipelines.py (their ids are all below the real vocabularies, and the pipelines pad
+every prompt to max_sequence_length tokens (CLIP: 77) anyway, so encoder cost is the real one).
 
 Fast on a GPU: modules are created directly on the device in the target dtype (no fp32
 copy on the host), random-initialised there, checked for finite outputs, then saved.
@@ -52,9 +60,18 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "scripts"))
 
-from build_tiny_pipelines import (  # noqa: E402  (offline T5 tokenizer, real configs)
+from build_tiny_pipelines import (  # noqa: E402  (offline T5 and CLIP tokenizers, real configs)
+    CLIP_G_TEXT_CONFIG,
+    CLIP_L_TEXT_CONFIG,
+    FLUX_DEV_SCHEDULER_CONFIG,
+    FLUX_TRANSFORMER_CONFIG,
+    FLUX_VAE_CONFIG,
     PIXART_SIGMA_SCHEDULER_CONFIG,
     PIXART_SIGMA_TRANSFORMER_CONFIG,
+    SD3_SCHEDULER_CONFIG,
+    SD3_TRANSFORMER_CONFIG,
+    SD3_VAE_CONFIG,
+    SDXL_VAE_CONFIG,
     WAN_I2V_IMAGE_ENCODER_CONFIG,
     WAN_I2V_IMAGE_PROCESSOR_CONFIG,
     WAN_I2V_TRANSFORMER_CONFIG,
@@ -62,6 +79,7 @@ from build_tiny_pipelines import (  # noqa: E402  (offline T5 tokenizer, real co
     WAN_T2V_TRANSFORMER_CONFIG,
     WAN_VAE_CONFIG,
     name_clip_image_processor,
+    tiny_clip_tokenizer,
     tiny_input_image,
     tiny_t5_tokenizer,
 )
@@ -70,8 +88,13 @@ from diffusers import (  # noqa: E402
     AutoencoderKLWan,
     DiffusionPipeline,
     DPMSolverMultistepScheduler,
+    FlowMatchEulerDiscreteScheduler,
+    FluxPipeline,
+    FluxTransformer2DModel,
     PixArtSigmaPipeline,
     PixArtTransformer2DModel,
+    SD3Transformer2DModel,
+    StableDiffusion3Pipeline,
     UniPCMultistepScheduler,
     WanImageToVideoPipeline,
     WanPipeline,
@@ -79,6 +102,9 @@ from diffusers import (  # noqa: E402
 )
 from transformers import (  # noqa: E402
     CLIPImageProcessor,
+    CLIPTextConfig,
+    CLIPTextModel,
+    CLIPTextModelWithProjection,
     CLIPVisionConfig,
     CLIPVisionModel,
     T5Config,
@@ -112,22 +138,6 @@ T5_CONFIG = dict(
     pad_token_id=0,
     eos_token_id=1,
     decoder_start_token_id=0,
-)
-
-# vae/config.json (SDXL VAE as shipped with PixArt-Sigma: sample_size 512, force_upcast false)
-VAE_CONFIG = dict(
-    in_channels=3,
-    out_channels=3,
-    down_block_types=("DownEncoderBlock2D",) * 4,
-    up_block_types=("UpDecoderBlock2D",) * 4,
-    block_out_channels=(128, 256, 512, 512),
-    layers_per_block=2,
-    act_fn="silu",
-    latent_channels=4,
-    norm_num_groups=32,
-    sample_size=512,
-    scaling_factor=0.13025,
-    force_upcast=False,
 )
 
 # --- configs of Wan-AI/Wan2.1-T2V-1.3B-Diffusers (transformer, VAE, scheduler: build_tiny_pipelines)
@@ -226,7 +236,7 @@ def pixart_components(args: argparse.Namespace, device: torch.device, dtype: tor
                                                   "num_layers": args.transformer_layers})
         transformer = cast_if_needed(transformer, dtype).eval()
     with timer("vae init"), build_context(device, dtype):
-        vae = cast_if_needed(AutoencoderKL(**VAE_CONFIG), dtype).eval()
+        vae = cast_if_needed(AutoencoderKL(**SDXL_VAE_CONFIG), dtype).eval()
     scheduler = DPMSolverMultistepScheduler(**PIXART_SIGMA_SCHEDULER_CONFIG)
     return dict(tokenizer=tokenizer, text_encoder=text_encoder, transformer=transformer, vae=vae, scheduler=scheduler)
 
@@ -313,6 +323,116 @@ def wan_check(c: dict, device: torch.device, latent_side: int) -> dict:
     return checks
 
 
+# --- FLUX.1 and Stable Diffusion 3.5 ------------------------------------------------------------
+def clip_text_tower(model_class: type, config: dict, tokenizer, dtype: torch.dtype) -> torch.nn.Module:
+    """A full-size CLIP text tower whose special token ids are the offline tokenizer's (the pooled
+    output is read at its end-of-text token)."""
+    config = CLIPTextConfig(**{**config, "bos_token_id": tokenizer.bos_token_id,
+                               "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id})
+    return cast_if_needed(model_class(config), dtype).eval()
+
+
+def t5_encoder(args: argparse.Namespace, dtype: torch.dtype) -> torch.nn.Module:
+    return cast_if_needed(T5EncoderModel(T5Config(**{**T5_CONFIG, "num_layers": args.text_encoder_layers})), dtype).eval()
+
+
+def clip_pooled(c: dict, tokenizer: str, text_encoder: str, device: torch.device) -> torch.Tensor:
+    """One prompt through a CLIP tower, padded to CLIP's 77 tokens: its pooled (or projected) vector."""
+    ids = c[tokenizer](["a photo of a red cat on a blue sofa"], padding="max_length", max_length=77, truncation=True,
+                       return_tensors="pt").input_ids.to(device)
+    out = c[text_encoder](ids)
+    return out.text_embeds if hasattr(out, "text_embeds") else out.pooler_output
+
+
+
+FLUX_MAX_SEQUENCE_LENGTH = 512  # FLUX.1-dev's T5 length (schnell: 256)
+
+
+def flux_components(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, timer: Timer) -> dict:
+    """CLIP-L text tower (pooled), T5-v1.1-XXL, the FLUX.1-dev transformer (--transformer-layers
+    double-stream blocks and twice as many single-stream ones), the 16-channel VAE."""
+    with timer("tokenizers"):
+        tokenizer = tiny_clip_tokenizer()
+        tokenizer_2 = tiny_t5_tokenizer(model_max_length=FLUX_MAX_SEQUENCE_LENGTH)
+    with timer("text_encoder init"), build_context(device, dtype):
+        text_encoder = clip_text_tower(CLIPTextModel, CLIP_L_TEXT_CONFIG, tokenizer, dtype)
+    with timer("text_encoder_2 init"), build_context(device, dtype):
+        text_encoder_2 = t5_encoder(args, dtype)
+    with timer("transformer init"), build_context(device, dtype):
+        transformer = FluxTransformer2DModel(**{**FLUX_TRANSFORMER_CONFIG, "num_layers": args.transformer_layers,
+                                                "num_single_layers": 2 * args.transformer_layers})
+        transformer = cast_if_needed(transformer, dtype).eval()
+    with timer("vae init"), build_context(device, dtype):
+        vae = cast_if_needed(AutoencoderKL(**FLUX_VAE_CONFIG), dtype).eval()
+    return dict(tokenizer=tokenizer, text_encoder=text_encoder, tokenizer_2=tokenizer_2, text_encoder_2=text_encoder_2,
+                transformer=transformer, vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(**FLUX_DEV_SCHEDULER_CONFIG))
+
+
+@torch.inference_mode()
+def flux_check(c: dict, device: torch.device, latent_side: int) -> dict:
+    """One CLIP and one T5 encode, one transformer forward on packed latents with guidance, one
+    VAE decode: all finite. Default latents: 1024px on a GPU (4096 packed tokens), 64px on a CPU."""
+    transformer, vae = c["transformer"], c["vae"]
+    pooled = clip_pooled(c, "tokenizer", "text_encoder", device)
+    t5 = {"tokenizer": c["tokenizer_2"], "text_encoder": c["text_encoder_2"]}
+    embeds, _, encoded = check_text_encoder(t5, device, FLUX_MAX_SEQUENCE_LENGTH)
+    side = latent_side or (128 if device.type == "cuda" else 8)
+    latents = random_latents((1, 16, side, side), device, transformer.dtype)
+    packed = FluxPipeline._pack_latents(latents, 1, 16, side, side)
+    velocity = transformer(hidden_states=packed.expand(2, -1, -1), timestep=torch.tensor([1.0, 0.5], device=device),
+                           guidance=torch.tensor([3.5, 3.5], device=device), pooled_projections=pooled.expand(2, -1),
+                           encoder_hidden_states=embeds,
+                           txt_ids=torch.zeros(embeds.shape[1], 3, device=device, dtype=transformer.dtype),
+                           img_ids=FluxPipeline._prepare_latent_image_ids(1, side // 2, side // 2, device,
+                                                                          transformer.dtype),
+                           return_dict=False)[0]
+    image = vae.decode(latents / vae.config.scaling_factor + vae.config.shift_factor, return_dict=False)[0]
+    return {"text_encoder": check_finite("text_encoder (pooled)", pooled), "text_encoder_2": encoded,
+            "transformer": check_finite("transformer", velocity), "vae_decode": check_finite("vae_decode", image)}
+
+
+SD3_MAX_SEQUENCE_LENGTH = 256  # StableDiffusion3Pipeline's default T5 length
+
+
+def sd3_components(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, timer: Timer) -> dict:
+    """CLIP-L and CLIP-G text towers with projection, T5-v1.1-XXL, the SD3.5-Large MMDiT, the VAE."""
+    with timer("tokenizers"):
+        tokenizer = tiny_clip_tokenizer()
+        tokenizer_3 = tiny_t5_tokenizer(model_max_length=SD3_MAX_SEQUENCE_LENGTH)
+    with timer("text_encoder init"), build_context(device, dtype):
+        text_encoder = clip_text_tower(CLIPTextModelWithProjection, CLIP_L_TEXT_CONFIG, tokenizer, dtype)
+    with timer("text_encoder_2 init"), build_context(device, dtype):
+        text_encoder_2 = clip_text_tower(CLIPTextModelWithProjection, CLIP_G_TEXT_CONFIG, tokenizer, dtype)
+    with timer("text_encoder_3 init"), build_context(device, dtype):
+        text_encoder_3 = t5_encoder(args, dtype)
+    with timer("transformer init"), build_context(device, dtype):
+        transformer = SD3Transformer2DModel(**{**SD3_TRANSFORMER_CONFIG, "num_layers": args.transformer_layers})
+        transformer = cast_if_needed(transformer, dtype).eval()
+    with timer("vae init"), build_context(device, dtype):
+        vae = cast_if_needed(AutoencoderKL(**SD3_VAE_CONFIG), dtype).eval()
+    return dict(tokenizer=tokenizer, text_encoder=text_encoder, tokenizer_2=tokenizer, text_encoder_2=text_encoder_2,
+                tokenizer_3=tokenizer_3, text_encoder_3=text_encoder_3, transformer=transformer, vae=vae,
+                scheduler=FlowMatchEulerDiscreteScheduler(**SD3_SCHEDULER_CONFIG))
+
+
+@torch.inference_mode()
+def sd3_check(c: dict, device: torch.device, latent_side: int) -> dict:
+    """Both CLIP towers and T5 once, one CFG-sized (2-row) transformer forward, one VAE decode:
+    all finite. Default latents: 1024px on a GPU, 64px on a CPU."""
+    transformer, vae = c["transformer"], c["vae"]
+    pooled = torch.cat([clip_pooled(c, "tokenizer", "text_encoder", device),
+                        clip_pooled(c, "tokenizer_2", "text_encoder_2", device)], dim=-1)
+    t5 = {"tokenizer": c["tokenizer_3"], "text_encoder": c["text_encoder_3"]}
+    embeds, _, encoded = check_text_encoder(t5, device, SD3_MAX_SEQUENCE_LENGTH)
+    side = latent_side or (128 if device.type == "cuda" else 8)
+    latents = random_latents((2, 16, side, side), device, transformer.dtype)
+    noise = transformer(hidden_states=latents, timestep=torch.tensor([999.0, 500.0], device=device),
+                        encoder_hidden_states=embeds, pooled_projections=pooled.expand(2, -1), return_dict=False)[0]
+    image = vae.decode(latents[:1] / vae.config.scaling_factor + vae.config.shift_factor, return_dict=False)[0]
+    return {"text_encoders (pooled)": check_finite("text_encoders (pooled)", pooled), "text_encoder_3": encoded,
+            "transformer": check_finite("transformer", noise), "vae_decode": check_finite("vae_decode", image)}
+
+
 @dataclass(frozen=True)
 class Family:
     """What differs between the families this script builds."""
@@ -350,6 +470,20 @@ FAMILIES = {
         components=wan_i2v_components, check=wan_check,
         verify_kwargs=dict(guidance_scale=5.0, num_frames=9, image=tiny_input_image()),
         finish=name_clip_image_processor,
+    ),
+    "flux": Family(
+        reference="black-forest-labs/FLUX.1-dev",
+        default_out=REPO_ROOT / "models" / "flux.1-dev-random",
+        text_encoder_layers=24, transformer_layers=19, pipeline_class=FluxPipeline,
+        components=flux_components, check=flux_check,
+        verify_kwargs=dict(guidance_scale=3.5, max_sequence_length=FLUX_MAX_SEQUENCE_LENGTH),
+    ),
+    "sd3": Family(
+        reference="stabilityai/stable-diffusion-3.5-large",
+        default_out=REPO_ROOT / "models" / "sd3.5-large-random",
+        text_encoder_layers=24, transformer_layers=38, pipeline_class=StableDiffusion3Pipeline,
+        components=sd3_components, check=sd3_check,
+        verify_kwargs=dict(guidance_scale=3.5, max_sequence_length=SD3_MAX_SEQUENCE_LENGTH),
     ),
 }
 
@@ -428,13 +562,14 @@ def main() -> int:
     ap.add_argument("--family", default="pixart-sigma", choices=sorted(FAMILIES),
                     help="which architecture (default pixart-sigma)")
     ap.add_argument("--out", help="output folder (default models/pixart-sigma-1024-random, "
-                                  "models/wan2.1-t2v-1.3b-random or models/wan2.1-i2v-14b-480p-random)")
+                                  "models/wan2.1-t2v-1.3b-random, models/wan2.1-i2v-14b-480p-random, "
+                                  "models/flux.1-dev-random or models/sd3.5-large-random)")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     ap.add_argument("--device", default="cuda", help="cuda | cuda:N | cpu (default cuda)")
     ap.add_argument("--text-encoder-layers", type=int, help="encoder blocks (default: the real 24; fewer for smoke)")
     ap.add_argument("--transformer-layers", type=int,
-                    help="transformer blocks (default: the real 28 PixArt / 30 Wan T2V / 40 Wan I2V; "
-                         "fewer for smoke)")
+                    help="transformer blocks (default: the real 28 PixArt / 30 Wan T2V / 40 Wan I2V / 19 "
+                         "FLUX double-stream, with twice as many single-stream / 38 SD3.5; fewer for smoke)")
     ap.add_argument("--skip-check", action="store_true", help="skip the finite-output forward before saving")
     ap.add_argument("--check-latent-side", type=int, default=0,
                     help="latent height and width of the check (default: the real size on cuda, small on cpu)")

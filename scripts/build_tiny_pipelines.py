@@ -33,8 +33,13 @@ from diffusers import (
     AutoencoderKLWan,
     DiffusionPipeline,
     DPMSolverMultistepScheduler,
+    FlowMatchEulerDiscreteScheduler,
+    FluxPipeline,
+    FluxTransformer2DModel,
     PixArtSigmaPipeline,
     PixArtTransformer2DModel,
+    SD3Transformer2DModel,
+    StableDiffusion3Pipeline,
     UniPCMultistepScheduler,
     WanImageToVideoPipeline,
     WanPipeline,
@@ -43,6 +48,10 @@ from diffusers import (
 from PIL import Image
 from transformers import (
     CLIPImageProcessor,
+    CLIPTextConfig,
+    CLIPTextModel,
+    CLIPTextModelWithProjection,
+    CLIPTokenizer,
     CLIPVisionConfig,
     CLIPVisionModel,
     PreTrainedModel,
@@ -214,6 +223,156 @@ WAN_T2V_SCHEDULER_CONFIG = dict(
 )
 
 
+# black-forest-labs/FLUX.1-dev transformer/config.json: 19 double-stream and 38 single-stream
+# blocks of 24 heads x 128 (hidden 3072), 2x2-packed 16-channel latents (64 inputs), T5-XXL
+# context and the pooled CLIP-L vector, RoPE over (text/image index, row, column). FLUX.1-schnell
+# has the same transformer without the guidance embedding.
+FLUX_TRANSFORMER_CONFIG = dict(
+    patch_size=1,
+    in_channels=64,
+    out_channels=None,
+    num_layers=19,
+    num_single_layers=38,
+    attention_head_dim=128,
+    num_attention_heads=24,
+    joint_attention_dim=4096,  # T5-XXL d_model
+    pooled_projection_dim=768,  # CLIP ViT-L/14 text width
+    guidance_embeds=True,
+    axes_dims_rope=(16, 56, 56),
+)
+
+# Its scheduler/scheduler_config.json: flow-matching Euler with the resolution-dependent shift
+# mu (interpolated between base_shift at 256 and max_shift at 4096 packed image tokens).
+FLUX_DEV_SCHEDULER_CONFIG = dict(
+    num_train_timesteps=1000,
+    shift=3.0,
+    use_dynamic_shifting=True,
+    base_shift=0.5,
+    max_shift=1.15,
+    base_image_seq_len=256,
+    max_image_seq_len=4096,
+)
+# FLUX.1-schnell's: no dynamic shifting, shift 1.0 (its 4 steps use the plain linear sigmas).
+FLUX_SCHNELL_SCHEDULER_CONFIG = {**FLUX_DEV_SCHEDULER_CONFIG, "shift": 1.0, "use_dynamic_shifting": False}
+
+# PixArt-Sigma's vae/config.json (the SDXL VAE as shipped with PixArt-Sigma: sample_size 512, force_upcast false)
+SDXL_VAE_CONFIG = dict(
+    in_channels=3,
+    out_channels=3,
+    down_block_types=("DownEncoderBlock2D",) * 4,
+    up_block_types=("UpDecoderBlock2D",) * 4,
+    block_out_channels=(128, 256, 512, 512),
+    layers_per_block=2,
+    act_fn="silu",
+    latent_channels=4,
+    norm_num_groups=32,
+    sample_size=512,
+    scaling_factor=0.13025,
+    force_upcast=False,
+)
+
+# FLUX.1's vae/config.json: the same architecture with 16 latent channels, no quant convs, and
+# latents scaled and shifted (scaling_factor, shift_factor) before the transformer sees them.
+FLUX_VAE_CONFIG = {
+    **SDXL_VAE_CONFIG,
+    "latent_channels": 16,
+    "sample_size": 1024,
+    "scaling_factor": 0.3611,
+    "shift_factor": 0.1159,
+    "use_quant_conv": False,
+    "use_post_quant_conv": False,
+    "force_upcast": True,
+    "mid_block_add_attention": True,
+}
+
+# Its text_encoder/config.json (openai/clip-vit-large-patch14's text tower; the pipeline takes
+# the pooled output, 77 tokens).
+CLIP_L_TEXT_CONFIG = dict(
+    vocab_size=49408,
+    hidden_size=768,
+    intermediate_size=3072,
+    projection_dim=768,
+    num_hidden_layers=12,
+    num_attention_heads=12,
+    max_position_embeddings=77,
+    hidden_act="quick_gelu",
+    layer_norm_eps=1e-5,
+    attention_dropout=0.0,
+    initializer_range=0.02,
+    initializer_factor=1.0,
+    bos_token_id=0,
+    eos_token_id=2,
+    pad_token_id=1,
+)
+
+
+# stabilityai/stable-diffusion-3.5-large transformer/config.json: 38 MMDiT blocks of 38 heads
+# x 64 (hidden 2432) with QK RMS norm, 2x2 patches of 16-channel latents, T5-XXL context and the
+# CLIP-L + CLIP-G pooled vector (768 + 1280).
+SD3_TRANSFORMER_CONFIG = dict(
+    sample_size=128,
+    patch_size=2,
+    in_channels=16,
+    num_layers=38,
+    attention_head_dim=64,
+    num_attention_heads=38,
+    joint_attention_dim=4096,
+    caption_projection_dim=2432,
+    pooled_projection_dim=2048,
+    out_channels=16,
+    pos_embed_max_size=192,
+    dual_attention_layers=(),
+    qk_norm="rms_norm",
+)
+
+# Its scheduler/scheduler_config.json: flow-matching Euler with a static shift of 3.0.
+SD3_SCHEDULER_CONFIG = dict(num_train_timesteps=1000, shift=3.0)
+
+# Its vae/config.json: FLUX.1's 16-channel VAE architecture with SD3's scale and shift.
+SD3_VAE_CONFIG = {**FLUX_VAE_CONFIG, "scaling_factor": 1.5305, "shift_factor": 0.0609}
+
+# Its text_encoder_2/config.json (laion CLIP-ViT-bigG-14's text tower, with projection).
+CLIP_G_TEXT_CONFIG = {
+    **CLIP_L_TEXT_CONFIG,
+    "hidden_size": 1280,
+    "intermediate_size": 5120,
+    "projection_dim": 1280,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 20,
+    "hidden_act": "gelu",
+}
+
+
+def tiny_clip_tokenizer() -> CLIPTokenizer:
+    """Byte-pair CLIP tokenizer over printable ASCII, built in memory: every character is a
+    piece (with and without the end-of-word mark) and there are no merges, so a word is spelt
+    out. 77 tokens, as CLIP's."""
+    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
+    for c in string.ascii_lowercase + string.digits + string.punctuation:
+        vocab.setdefault(c, len(vocab))
+        vocab.setdefault(c + "</w>", len(vocab))
+    return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=77)
+
+
+def tiny_clip_text_encoder(tokenizer: CLIPTokenizer, hidden_size: int, config: dict[str, Any] = CLIP_L_TEXT_CONFIG,
+                           model_class: type[PreTrainedModel] = CLIPTextModel) -> PreTrainedModel:
+    """A 2-layer CLIP text tower over a real one's config; its pooled output sits at the
+    tokenizer's end-of-text token. `model_class=CLIPTextModelWithProjection` for SD3's."""
+    torch.manual_seed(SEED)
+    return model_class(CLIPTextConfig(**{
+        **config,
+        "vocab_size": len(tokenizer),
+        "hidden_size": hidden_size,
+        "intermediate_size": 2 * hidden_size,
+        "projection_dim": hidden_size,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+    })).eval()
+
+
 def tiny_t5_tokenizer(model_max_length: int = 300, extra_words: tuple[str, ...] = ()) -> T5Tokenizer:
     """Unigram T5 tokenizer over printable ASCII plus common words (and `extra_words`), built in memory.
 
@@ -366,6 +525,66 @@ def name_clip_image_processor(pipe: DiffusionPipeline) -> None:
     pipe.register_to_config(image_processor=("transformers", "CLIPImageProcessor"))
 
 
+def tiny_autoencoder_kl(config: dict[str, Any]) -> AutoencoderKL:
+    """A real AutoencoderKL config (its latent channels, scale and shift) at tiny widths, one block per level."""
+    torch.manual_seed(SEED)
+    return AutoencoderKL(**{**config, "block_out_channels": (8, 8, 16, 16), "layers_per_block": 1,
+                            "norm_num_groups": 4, "sample_size": 64}).eval()
+
+
+def build_tiny_flux() -> DiffusionPipeline:
+    """FLUX.1-dev shrunk: the same classes, guidance embedding, 16-channel VAE with its
+    scale and shift, and dynamic-shift flow-matching scheduler; CLIP and T5 encoders of 2
+    layers, one double- and one single-stream block of 2 heads x 16."""
+    tokenizer = tiny_clip_tokenizer()
+    text_encoder = tiny_clip_text_encoder(tokenizer, hidden_size=16)
+    tokenizer_2 = tiny_t5_tokenizer(model_max_length=512)
+    text_encoder_2 = tiny_t5_encoder(vocab_size=len(tokenizer_2), d_model=32)
+    vae = tiny_autoencoder_kl(FLUX_VAE_CONFIG)
+    torch.manual_seed(SEED)
+    transformer = FluxTransformer2DModel(**{
+        **FLUX_TRANSFORMER_CONFIG,
+        "num_layers": 1,
+        "num_single_layers": 1,
+        "attention_head_dim": 16,
+        "num_attention_heads": 2,
+        "joint_attention_dim": text_encoder_2.config.d_model,
+        "pooled_projection_dim": text_encoder.config.hidden_size,
+        "axes_dims_rope": (4, 6, 6),  # sums to the head dim
+    }).eval()
+    return FluxPipeline(scheduler=FlowMatchEulerDiscreteScheduler(**FLUX_DEV_SCHEDULER_CONFIG), vae=vae,
+                        text_encoder=text_encoder, tokenizer=tokenizer, text_encoder_2=text_encoder_2,
+                        tokenizer_2=tokenizer_2, transformer=transformer)
+
+
+def build_tiny_sd3() -> DiffusionPipeline:
+    """Stable Diffusion 3.5 Large shrunk: the same classes, three text encoders (two CLIP
+    towers with projection, T5), QK-normed MMDiT, 16-channel VAE with SD3's scale and shift
+    and the static-shift flow-matching scheduler; 2 blocks of 2 heads x 8."""
+    tokenizer = tiny_clip_tokenizer()
+    text_encoder = tiny_clip_text_encoder(tokenizer, 16, model_class=CLIPTextModelWithProjection)
+    text_encoder_2 = tiny_clip_text_encoder(tokenizer, 16, CLIP_G_TEXT_CONFIG, CLIPTextModelWithProjection)
+    tokenizer_3 = tiny_t5_tokenizer(model_max_length=256)
+    text_encoder_3 = tiny_t5_encoder(vocab_size=len(tokenizer_3), d_model=32)
+    vae = tiny_autoencoder_kl(SD3_VAE_CONFIG)
+    torch.manual_seed(SEED)
+    transformer = SD3Transformer2DModel(**{
+        **SD3_TRANSFORMER_CONFIG,
+        "sample_size": 8,  # latent side of a 64px image
+        "num_layers": 2,
+        "attention_head_dim": 8,
+        "num_attention_heads": 2,
+        "joint_attention_dim": text_encoder_3.config.d_model,
+        "caption_projection_dim": 16,  # heads x head dim
+        "pooled_projection_dim": text_encoder.config.projection_dim + text_encoder_2.config.projection_dim,
+        "pos_embed_max_size": 16,  # up to 256px
+    }).eval()
+    return StableDiffusion3Pipeline(
+        transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(**SD3_SCHEDULER_CONFIG), vae=vae,
+        text_encoder=text_encoder, tokenizer=tokenizer, text_encoder_2=text_encoder_2, tokenizer_2=tokenizer,
+        text_encoder_3=text_encoder_3, tokenizer_3=tokenizer_3)
+
+
 def tiny_input_image(height: int = 40, width: int = 56) -> Image.Image:
     """A deterministic RGB test image (smooth gradients plus a square), of another size than
     the video so that the pipeline's resize runs."""
@@ -404,6 +623,16 @@ PIPELINES: dict[str, TinySpec] = {
         build=build_tiny_wan_i2v,
         smoke_kwargs=dict(image=tiny_input_image(), prompt="a photo of a cat", height=64, width=64, num_frames=9,
                           num_inference_steps=2),
+    ),
+    "tiny-flux": TinySpec(
+        build=build_tiny_flux,
+        smoke_kwargs=dict(prompt="a photo of a cat", height=64, width=64, num_inference_steps=2, guidance_scale=3.5,
+                          max_sequence_length=32),
+    ),
+    "tiny-sd3": TinySpec(
+        build=build_tiny_sd3,
+        smoke_kwargs=dict(prompt="a photo of a cat", height=64, width=64, num_inference_steps=2, guidance_scale=5.0,
+                          max_sequence_length=32),
     ),
 }
 

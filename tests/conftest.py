@@ -22,6 +22,10 @@ TINY_WAN_I2V = ROOT / "models" / "tiny-wan-i2v"
 I2V_DEPLOYMENT = ROOT / "configs" / "tiny-wan-i2v.toml"
 TINY_SHAPES = ROOT / "models" / "tiny-pixart-shapes"  # trained, committed (docs/tiny-model.md)
 SHAPES_DEPLOYMENT = ROOT / "configs" / "tiny-pixart-shapes.toml"
+TINY_FLUX = ROOT / "models" / "tiny-flux"
+FLUX_DEPLOYMENT = ROOT / "configs" / "tiny-flux.toml"
+TINY_SD3 = ROOT / "models" / "tiny-sd3"
+SD3_DEPLOYMENT = ROOT / "configs" / "tiny-sd3.toml"
 
 
 
@@ -74,6 +78,22 @@ def wan_server(tmp_path_factory):
 def i2v_server(tmp_path_factory):
     """A third real server, for the tiny Wan2.1 I2V deployment (img2vid / img2vid_stream, vae_encode)."""
     srv = rendered_server(tmp_path_factory, I2V_DEPLOYMENT, TINY_WAN_I2V, "i2v-server")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def flux_server(tmp_path_factory):
+    """A real server for the tiny FLUX.1 deployment (txt2img / txt2img_stream)."""
+    srv = rendered_server(tmp_path_factory, FLUX_DEPLOYMENT, TINY_FLUX, "flux-server")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def sd3_server(tmp_path_factory):
+    """A real server for the tiny Stable Diffusion 3.5 deployment (txt2img / txt2img_stream)."""
+    srv = rendered_server(tmp_path_factory, SD3_DEPLOYMENT, TINY_SD3, "sd3-server")
     yield srv
     srv.stop()
 

@@ -1,11 +1,13 @@
 """Unit tests of request decoding and validation (pure logic, no server)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from ditserve.deployment import load_deployment
-from ditserve.schema import GenerationParams, InvalidRequest, decode_request
+from ditserve.schema import GenerationParams, InvalidRequest, check_params, decode_request
 
 DEP = load_deployment("configs/tiny-pixart-sigma.toml")
 
@@ -67,3 +69,36 @@ def test_prompt_is_required():
 def test_cfg_follows_diffusers_rule():
     assert not decode_request(_inputs(guidance_scale=np.array([1.0], dtype=np.float32)), DEP).do_cfg
     assert decode_request(_inputs(guidance_scale=np.array([1.5], dtype=np.float32)), DEP).do_cfg
+
+
+FLUX_DEV = load_deployment("configs/tiny-flux.toml")
+FLUX_SCHNELL = load_deployment("configs/flux.1-schnell.toml")
+
+
+def test_a_guidance_distilled_family_never_runs_cfg():
+    params = decode_request(_inputs(guidance_scale=np.array([3.5], dtype=np.float32)), FLUX_DEV)
+    assert params.guidance_scale == 3.5 and not params.cfg and not params.do_cfg
+    assert GenerationParams.from_json(params.to_json()) == params
+
+
+@pytest.mark.parametrize("deployment, name, value, words", [
+    (FLUX_DEV, "negative_prompt", np.array([b"blurry"], dtype=np.object_),
+     ["'negative_prompt'", "family flux", "leave it out"]),
+    (FLUX_SCHNELL, "guidance_scale", np.array([3.5], dtype=np.float32),
+     ["'guidance_scale'=3.5", "takes no guidance", "send 0"]),
+])
+def test_inputs_a_family_has_no_use_for_are_rejected_by_name(deployment, name, value, words):
+    with pytest.raises(InvalidRequest) as err:
+        decode_request(_inputs(**{name: value}), deployment)
+    for word in words:
+        assert word in str(err.value)
+    assert decode_request(_inputs(negative_prompt=np.array([b""], dtype=np.object_)), deployment).negative_prompt == ""
+
+
+def test_params_claiming_cfg_for_a_family_without_it_are_rejected():
+    """dit is reachable directly with params JSON: it applies the same rule."""
+    params = decode_request(_inputs(), FLUX_DEV)
+    with pytest.raises(InvalidRequest, match="cfg.*flux has no classifier-free guidance"):
+        check_params(replace(params, cfg=True), FLUX_DEV)
+    with pytest.raises(InvalidRequest, match="cfg.*runs classifier-free guidance"):
+        check_params(replace(decode_request(_inputs(), DEP), cfg=False), DEP)

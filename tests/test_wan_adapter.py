@@ -19,26 +19,22 @@ import pytest
 import torch
 from diffusers import WanPipeline
 
-from ditserve.adapters import adapter_for
 from ditserve.deployment import load_deployment
 from ditserve.schema import GenerationParams
 from ditserve.state import RequestState, TextConditioning
-from wan_helpers import assert_close, run_steps, video_params
+from wan_helpers import assert_close, oracle, run_steps, stage_adapters, video_params
 
 DEP = load_deployment("configs/tiny-wan-t2v.toml")
 
 
 @pytest.fixture(scope="module")
 def stages():
-    adapter = adapter_for(DEP.model.family)
-    return {stage: adapter(DEP, stage) for stage in ("text_encoder", "dit", "vae_decode")}
+    return stage_adapters(DEP)
 
 
 @pytest.fixture(scope="module")
 def pipe():
-    pipe = WanPipeline.from_pretrained(DEP.model_location())
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+    return oracle(WanPipeline, DEP)
 
 
 

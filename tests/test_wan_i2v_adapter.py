@@ -21,12 +21,11 @@ import pytest
 import torch
 from diffusers import WanImageToVideoPipeline
 
-from ditserve.adapters import adapter_for
 from ditserve.adapters.wan_i2v import CONDITION, IMAGE_EMBEDS
 from ditserve.deployment import load_deployment
 from ditserve.schema import GenerationParams
 from ditserve.state import RequestState, TextConditioning
-from wan_helpers import assert_close, conditioning_image, run_steps, video_params
+from wan_helpers import assert_close, conditioning_image, oracle, run_steps, stage_adapters, video_params
 
 DEP = load_deployment("configs/tiny-wan-i2v.toml")
 
@@ -37,15 +36,12 @@ def _image(seed: int, height: int = 40, width: int = 56) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def stages():
-    adapter = adapter_for(DEP.model.family)
-    return {stage: adapter(DEP, stage) for stage in ("text_encoder", "vae_encode", "dit", "vae_decode")}
+    return stage_adapters(DEP, ("text_encoder", "vae_encode", "dit", "vae_decode"))
 
 
 @pytest.fixture(scope="module")
 def pipe():
-    pipe = WanImageToVideoPipeline.from_pretrained(DEP.model_location())
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+    return oracle(WanImageToVideoPipeline, DEP)
 
 
 

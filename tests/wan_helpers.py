@@ -1,13 +1,30 @@
-"""Shared pieces of the pure-python Wan adapter tests (T2V and I2V): params, a step loop
-that lets requests join late, and the parity check against diffusers."""
+"""Shared pieces of the pure-python adapter tests (Wan T2V and I2V, FLUX.1): the adapters of
+each stage, the diffusers oracle, params, a step loop that lets requests join late, and the
+parity check against diffusers."""
 from __future__ import annotations
 
 import numpy as np
 
+from ditserve.adapters import adapter_for
+from ditserve.deployment import Deployment
+from ditserve.engine import StepEngine
 from ditserve.schema import GenerationParams
 from ditserve.state import RequestState
 
 TOLERANCE = 1   # uint8 levels; why: the docstrings of test_wan_adapter.py / test_wan_i2v_adapter.py
+
+
+def stage_adapters(deployment: Deployment, stages: tuple[str, ...] = ("text_encoder", "dit", "vae_decode")) -> dict:
+    """One adapter per stage, as the serving stages hold them (each loads only its components)."""
+    adapter = adapter_for(deployment.model.family)
+    return {stage: adapter(deployment, stage) for stage in stages}
+
+
+def oracle(pipeline_class, deployment: Deployment):
+    """The plain diffusers pipeline on the deployment's checkpoint, without progress bars."""
+    pipe = pipeline_class.from_pretrained(deployment.model_location())
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
 
 
 def video_params(seed: int, guidance: float = 5.0, frames: int = 9, height: int = 64, width: int = 64,
@@ -29,6 +46,27 @@ def run_steps(stages, states: list[RequestState], start_ticks: list[int]) -> lis
         assert finite == [True]
         videos.append(media[0].numpy())
     return videos
+
+
+def run_engine(stages, requests: dict[str, GenerationParams], joins: dict[str, int], encode
+               ) -> tuple[dict[str, np.ndarray], list[int]]:
+    """Through the real StepEngine (its compatibility grouping): each request joins at its tick
+    (`encode(params)` makes its conditioning), one engine step per tick until all are done;
+    uint8 media per request and the size of every forward."""
+    engine, tick, sizes = StepEngine(stages["dit"]), 0, []
+    while tick == 0 or any(not s.done for s in engine.table.values()):
+        for key in [k for k, start in joins.items() if start == tick]:
+            engine.admit(key, requests[key], encode(requests[key]))
+        report = engine.step([k for k, s in engine.table.items() if not s.done])
+        assert not report.failed, report.failed
+        sizes += report.batch_sizes
+        tick += 1
+    media = {}
+    for key, state in engine.table.items():
+        decoded, finite = stages["vae_decode"].decode(state.latents)
+        assert finite == [True]
+        media[key] = decoded[0].numpy()
+    return media, sizes
 
 
 def assert_close(ours: np.ndarray, expected: np.ndarray) -> None:

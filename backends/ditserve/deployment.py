@@ -23,7 +23,16 @@ DEFAULT_DEPLOYMENT = "configs/tiny-pixart-sigma.toml"
 ENGINE_MODES = ("serial", "request_batch", "step")
 SCHEDULERS = ("all", "cost")   # [engine] scheduler, step mode: ditserve/scheduler.py
 # The task each model family serves; it names the public models (`<task>`, `<task>_stream`).
-FAMILY_TASKS = {"pixart-sigma": "txt2img", "wan-t2v": "txt2vid", "wan-i2v": "img2vid"}
+FAMILY_TASKS = {"pixart-sigma": "txt2img", "wan-t2v": "txt2vid", "wan-i2v": "img2vid", "flux": "txt2img",
+                "sd3": "txt2img"}
+# Families whose `guidance_scale` is not classifier-free guidance: FLUX.1 is guidance-distilled
+# (dev feeds it to the transformer's guidance embedding, schnell takes none). They run one row
+# per request and have no negative prompt.
+FAMILIES_WITHOUT_CFG = frozenset({"flux"})
+# Per-row text conditioning a family's text encoders make beside `embeds` and `mask` (name,
+# rank of one generation's tensor [rows, ...]): text_encoder outputs it, dit takes it in
+# TextConditioning.extra. FLUX.1 and SD3: the pooled CLIP embedding next to the T5 sequence.
+FAMILY_TEXT_CONDITIONING = {"flux": (("pooled_embeds", 2),), "sd3": (("pooled_embeds", 2),)}
 VIDEO_TASKS = ("txt2vid", "img2vid")
 # Per-request conditioning tensors a task passes from `vae_encode` to `dit` (name, rank of
 # one request's tensor, batch 1 included): the media contract of image-conditioned tasks.
@@ -208,6 +217,17 @@ class Deployment:
     @property
     def is_video(self) -> bool:
         return self.task in VIDEO_TASKS
+
+    @property
+    def uses_cfg(self) -> bool:
+        """Whether guidance_scale > 1 means classifier-free guidance (a negative row per request)."""
+        return self.model.family not in FAMILIES_WITHOUT_CFG
+
+    @property
+    def conditioning(self) -> tuple[tuple[str, int], ...]:
+        """(name, rank) of every per-generation tensor dit takes beside `embeds` and `mask`:
+        the family's text conditioning, then the task's (from vae_encode)."""
+        return FAMILY_TEXT_CONDITIONING.get(self.model.family, ()) + TASK_CONDITIONING.get(self.task, ())
 
     def model_location(self) -> str:
         """A local folder (resolved against the repo root) when it exists, else a hub id."""

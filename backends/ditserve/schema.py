@@ -73,6 +73,9 @@ class GenerationParams:
     fps: int = 16                 # video only
     output_format: str = "raw"    # video only: "raw" or "mp4"
     quality: str = LOSSLESS       # cache tier (deployment [cache]); never part of the compat key
+    # False for guidance-distilled families (deployment.FAMILIES_WITHOUT_CFG): guidance_scale
+    # then goes to the model itself, never into negative rows.
+    cfg: bool = True
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -83,8 +86,9 @@ class GenerationParams:
 
     @property
     def do_cfg(self) -> bool:
-        """Classifier-free guidance runs only above 1.0, exactly as in diffusers."""
-        return self.guidance_scale > 1.0
+        """Classifier-free guidance runs only above 1.0, exactly as in diffusers, and only for
+        families that have it."""
+        return self.cfg and self.guidance_scale > 1.0
 
 
 def _scalar(name: str, value: np.ndarray, dtype: str):
@@ -146,6 +150,7 @@ def decode_request(inputs: Mapping[str, np.ndarray | None], deployment: Deployme
         int(values.get("num_inference_steps", dft.num_inference_steps)),
         float(values.get("guidance_scale", dft.guidance_scale)),
         secrets.randbelow(MAX_SEED) if seed_was_drawn else int(values["seed"]), seed_was_drawn, quality=quality,
+        cfg=deployment.uses_cfg,
     )
     if deployment.is_video:
         fmt = values.get("output_format")
@@ -181,6 +186,12 @@ def check_params(params: GenerationParams, deployment: Deployment) -> Generation
             raise InvalidRequest(f"input '{name}' is longer than the limit of {lim.max_prompt_bytes} bytes")
     if not params.prompt.strip():
         raise InvalidRequest("input 'prompt' is empty; send a non-empty UTF-8 string")
+    if params.cfg != deployment.uses_cfg:
+        raise InvalidRequest(f"params 'cfg'={params.cfg}, but family {deployment.model.family} "
+                             f"{'runs' if deployment.uses_cfg else 'has no'} classifier-free guidance")
+    if not deployment.uses_cfg and params.negative_prompt:
+        raise InvalidRequest(f"input 'negative_prompt' is not supported by family {deployment.model.family}: it is "
+                             f"guidance-distilled, with no classifier-free guidance; leave it out or send \"\"")
     for name in ("height", "width", "num_inference_steps", "seed"):
         if isinstance(getattr(params, name), bool) or not isinstance(getattr(params, name), int):
             raise InvalidRequest(f"input '{name}' must be an integer")
@@ -190,6 +201,9 @@ def check_params(params: GenerationParams, deployment: Deployment) -> Generation
     _in_range("height", params.height, **size)
     _in_range("width", params.width, **size)
     _in_range("num_inference_steps", params.num_inference_steps, 1, lim.max_steps)
+    if lim.max_guidance_scale == 0 and params.guidance_scale != 0:
+        raise InvalidRequest(f"input 'guidance_scale'={params.guidance_scale}: this deployment's model takes no "
+                             f"guidance ([limits] max_guidance_scale = 0, e.g. FLUX.1-schnell); leave it out or send 0")
     if not math.isfinite(params.guidance_scale):
         raise InvalidRequest(f"input 'guidance_scale'={params.guidance_scale} must be a finite number in "
                              f"[0, {lim.max_guidance_scale}]")

@@ -19,9 +19,10 @@ from .schema import GenerationParams
 class TextConditioning:
     """Prompt embeddings for one request: row 0 = negative (only with CFG), last row = prompt.
 
-    `extra` holds a family's other per-request conditioning (Wan2.1 I2V: CLIP image
-    embeddings and the first-frame condition latents), by name, each with batch dim 1 and
-    shared by the CFG rows; empty for text-only families.
+    `extra` holds a family's other per-request conditioning, by name: with batch dim 1 it is
+    shared by the CFG rows (Wan2.1 I2V: CLIP image embeddings and the first-frame condition
+    latents; FLUX.1: its guidance), with one row per text row it goes with its row (FLUX.1's
+    pooled CLIP embedding). Empty for PixArt and Wan2.1 T2V.
     """
 
     embeds: torch.Tensor      # [1 or 2, L, D]

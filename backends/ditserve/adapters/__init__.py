@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 from .base import FamilyAdapter
+from .flux import FluxAdapter
 from .pixart_sigma import PixArtSigmaAdapter
+from .sd3 import SD3Adapter
 from .wan import WanT2VAdapter
 from .wan_i2v import WanI2VAdapter
 
 ADAPTERS: dict[str, type[FamilyAdapter]] = {
-    adapter.family: adapter for adapter in (PixArtSigmaAdapter, WanT2VAdapter, WanI2VAdapter)
+    adapter.family: adapter for adapter in (PixArtSigmaAdapter, WanT2VAdapter, WanI2VAdapter, FluxAdapter, SD3Adapter)
 }
 
 

@@ -10,7 +10,10 @@ its `__call__` into the pieces the serving stages need:
   decode       (vae_decode stage)     latents -> uint8 media on the device
 
 Image-conditioned families (wan_i2v.py) add the encoders a vae_encode stage calls and
-hand prepare their per-request conditioning in `TextConditioning.extra`.
+hand prepare their per-request conditioning in `TextConditioning.extra`; families with more
+than one text output (FLUX.1's pooled CLIP embedding) return it there from `encode_prompts`.
+Families whose schedule depends on the request (FLUX.1's resolution-dependent shift)
+override `set_timesteps`.
 
 Only the pieces that differ between families are abstract.
 """
@@ -34,7 +37,8 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 
 # Which pipeline components each serving stage needs; the others are not loaded.
 STAGE_COMPONENTS = {
-    "text_encoder": ("text_encoder", "tokenizer"),
+    # FLUX.1 adds a T5 (`_2`) beside CLIP, SD3 a third encoder (`_3`); a family loads those it has.
+    "text_encoder": ("text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2", "text_encoder_3", "tokenizer_3"),
     "dit": ("transformer", "scheduler"),
     "vae_decode": ("vae",),
     # Image-conditioned tasks (img2vid): the input image -> image embeddings + condition latents.
@@ -122,7 +126,9 @@ class FamilyAdapter(ABC):
         """One request per [accel] warm size (checked against the deployment's limits)."""
         out = []
         for frames, height, width in self.deployment.accel.sizes(self.deployment.is_video):
-            params = GenerationParams("warm up", "", height, width, 2, 1.0, 0, num_frames=frames)
+            # Guidance 0: no CFG rows, and allowed where the model takes no guidance (FLUX.1-schnell).
+            params = GenerationParams("warm up", "", height, width, 2, 0.0, 0, num_frames=frames,
+                                      cfg=self.deployment.uses_cfg)
             try:
                 check_params(params, self.deployment)
             except ValueError as exc:
@@ -130,9 +136,14 @@ class FamilyAdapter(ABC):
             out.append(params)
         return out
 
+    @property
+    def text_sequence_length(self) -> int:
+        """Tokens per text row of `embeds` (families that put CLIP tokens before T5's add them)."""
+        return self.deployment.model.max_sequence_length
+
     def example_conditioning(self, params: GenerationParams) -> TextConditioning:
         """Zero conditioning shaped as a real request's (no CFG): what warming needs."""
-        length = self.deployment.model.max_sequence_length
+        length = self.text_sequence_length
         return TextConditioning(torch.zeros(1, length, self.text_embed_dim, dtype=self.dtype),
                                 torch.ones(1, length, dtype=torch.int64))
 
@@ -169,6 +180,15 @@ class FamilyAdapter(ABC):
     def check_limits(self, stage: str) -> None:
         """Fail at load time when the deployment's limits disagree with the model."""
 
+    def encode_prompts(self, texts: list[str]) -> TextConditioning:
+        """`encode_text` plus the family's per-row extra outputs (deployment.FAMILY_TEXT_CONDITIONING),
+        which the text_encoder stage returns beside `embeds` and `mask`."""
+        return TextConditioning(*self.encode_text(texts))
+
+    def set_timesteps(self, scheduler, params: GenerationParams) -> None:
+        """Set one request's schedule on its private scheduler, as the family's pipeline does."""
+        scheduler.set_timesteps(params.num_inference_steps, device=self.device)
+
     @property
     def latent_dtype(self) -> torch.dtype:
         """dtype of the initial noise and of the latents the scheduler steps, as the pipeline makes them."""
@@ -181,12 +201,12 @@ class FamilyAdapter(ABC):
 
     def prepare(self, key: str, params: GenerationParams, cond: TextConditioning) -> RequestState:
         scheduler = self.new_scheduler()
-        scheduler.set_timesteps(params.num_inference_steps, device=self.device)
+        self.set_timesteps(scheduler, params)
         # A CPU generator makes a seed mean the same noise on every device, as in diffusers.
         generator = torch.Generator("cpu").manual_seed(params.seed)
         latents = randn_tensor(self.latent_shape(params), generator=generator, device=self.device,
                                dtype=self.latent_dtype)
-        latents = latents * scheduler.init_noise_sigma
+        latents = latents * getattr(scheduler, "init_noise_sigma", 1.0)  # flow-matching Euler has none
         cond = TextConditioning(cond.embeds.to(self.device, self.dtype), cond.mask.to(self.device),
                                 {name: t.to(self.device) for name, t in cond.extra.items()})
         accepts_generator = "generator" in inspect.signature(scheduler.step).parameters
@@ -211,12 +231,14 @@ class FamilyAdapter(ABC):
         extras = {name: [] for name in states[0].cond.extra}
         for s in states:
             rows = 2 if s.params.do_cfg else 1
-            model_input = s.scheduler.scale_model_input(torch.cat([s.latents] * rows), s.timestep)
+            model_input = torch.cat([s.latents] * rows)
+            if hasattr(s.scheduler, "scale_model_input"):  # flow-matching Euler has none: input as is
+                model_input = s.scheduler.scale_model_input(model_input, s.timestep)
             latents.append(model_input)
             timesteps.append(s.timestep.reshape(1).expand(rows))
             embeds.append(s.cond.embeds)
             masks.append(s.cond.mask)
-            for name, t in s.cond.extra.items():  # one row per request, shared by its CFG rows
+            for name, t in s.cond.extra.items():  # one row shared by the CFG rows, or one per row
                 extras[name].append(t.expand(rows, *t.shape[1:]))
         inputs = (torch.cat(latents), torch.cat(timesteps).to(self.device),
                   TextConditioning(torch.cat(embeds), torch.cat(masks), {name: torch.cat(ts) for name, ts in extras.items()}))

@@ -23,7 +23,6 @@ import triton_python_backend_utils as pb_utils
 from ..adapters import adapter_for
 from ..adapters.base import instance_device
 from ..cancellation import CancelRegistry
-from ..deployment import TASK_CONDITIONING
 from ..engine import StepEngine
 from ..faults import injector
 from ..handoff import ConditioningStore
@@ -60,12 +59,12 @@ OUTPUTS = (
 
 def task_specs(config) -> tuple[TensorSpec, ...]:
     """What depends on the task: `latents` [C, h, w] per image generation, [C, f, h, w] per
-    video generation (batch dim implied), and the optional conditioning inputs of
-    image-conditioned tasks (from vae_encode; deployment.TASK_CONDITIONING)."""
+    video generation (batch dim implied), and the optional conditioning inputs of the family's
+    text encoders and of image-conditioned tasks (deployment.Deployment.conditioning)."""
     deployment = stage_deployment(config.as_dict())
     latents = TensorSpec("latents", "TYPE_FP32", (-1,) * (4 if deployment.is_video else 3))
     return (latents,), tuple(TensorSpec(name, "TYPE_FP32", (-1,) * rank, optional=True)
-                             for name, rank in TASK_CONDITIONING.get(deployment.task, ()))
+                             for name, rank in deployment.conditioning)
 
 
 OUTPUT_NAMES = tuple(spec.name for spec in OUTPUTS) + ("latents",)
@@ -136,7 +135,7 @@ class DitStage:
         start = time.monotonic()
         params = GenerationParams.from_json(input_numpy(request, "params").reshape(-1)[0])
         check_params(params, self.deployment)  # dit is reachable directly too: same limits as the public models
-        names = ["embeds", "mask", *(name for name, _ in TASK_CONDITIONING.get(self.deployment.task, ()))]
+        names = ["embeds", "mask", *(name for name, _ in self.deployment.conditioning)]
         sent = {name: pb_utils.get_input_tensor_by_name(request, name) for name in names}
         if sent["embeds"] is None:  # from a public model: handed over out of band
             try:

@@ -26,7 +26,7 @@ import torch
 import triton_python_backend_utils as pb_utils
 
 from ..cancellation import CancelRegistry
-from ..deployment import TASK_CONDITIONING, Deployment
+from ..deployment import FAMILY_TEXT_CONDITIONING, TASK_CONDITIONING, Deployment
 from ..faults import Subject, injector
 from ..handoff import ConditioningStore
 from ..schema import IMAGE_INPUT, TASK_INPUTS, GenerationParams, InvalidRequest, decode_image, decode_request
@@ -249,13 +249,16 @@ class GenerateStage:
         return result
 
     def _encode(self, params: GenerationParams) -> dict[str, torch.Tensor]:
-        """The generation's `embeds` [rows, L, D] and `mask` [rows, L] (rows: negative, prompt)."""
+        """The generation's `embeds` [rows, L, D] and `mask` [rows, L] (rows: negative, prompt),
+        and the family's other text conditioning (deployment.FAMILY_TEXT_CONDITIONING)."""
         texts = [params.negative_prompt, params.prompt] if params.do_cfg else [params.prompt]
         text = pb_utils.Tensor("text", np.array([[t.encode("utf-8") for t in texts]], dtype=np.object_))
-        bls = _bls("text_encoder", [text], ["embeds", "mask"])
+        extras = FAMILY_TEXT_CONDITIONING.get(self.deployment.model.family, ())
+        names = ["embeds", "mask", *(name for name, _ in extras)]
+        bls = _bls("text_encoder", [text], names)
         (response,) = self.stubs.call("text_encoder", lambda: [bls.exec()])
         response = _checked(response, "text_encoder")
-        return {name: to_torch(pb_utils.get_output_tensor_by_name(response, name))[0] for name in ("embeds", "mask")}
+        return {name: to_torch(pb_utils.get_output_tensor_by_name(response, name))[0] for name in names}
 
     def _condition(self, request, params: GenerationParams) -> dict[str, torch.Tensor]:
         """img2vid: vae_encode turns the input image into dit's conditioning tensors."""

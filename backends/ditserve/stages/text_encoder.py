@@ -1,5 +1,7 @@
-"""`text_encoder`: texts -> T5 embeddings + masks (dynamic batching; encoded on the device,
-returned on the host: GPU tensors crossing stubs stall Triton 2.51, see `_encode_batch`).
+"""`text_encoder`: texts -> T5 embeddings + masks, plus a family's other per-row text
+conditioning (FLUX.1's and SD3's pooled CLIP embedding: deployment.FAMILY_TEXT_CONDITIONING)
+(dynamic batching; encoded on the device, returned on the host: GPU tensors crossing stubs
+stall Triton 2.51, see `_encode_batch`).
 The embeddings keep the deployment's dtype (`embeds` is BF16 for a bfloat16 deployment):
 that is what the transformer takes, and fp32 would double the bytes that cross to the public
 model and into the handoff (9.8 MB instead of 4.9 MB for PixArt-Sigma's two rows).
@@ -17,7 +19,7 @@ import triton_python_backend_utils as pb_utils
 
 from ..adapters import adapter_for
 from ..adapters.base import instance_device
-from ..deployment import Deployment
+from ..deployment import FAMILY_TEXT_CONDITIONING, Deployment
 from ..faults import Subject, injector
 from ..isolation import isolating_failures
 from .common import TensorSpec, declare, error_response, stage_deployment, to_pb, warm_up
@@ -28,9 +30,11 @@ MAX_ROWS = 2  # negative + prompt: the only shape the public models send
 
 
 def outputs(deployment: Deployment) -> tuple[TensorSpec, ...]:
-    """`embeds` in the deployment's dtype, `mask` as int64."""
-    return (TensorSpec("embeds", EMBEDS_TYPES[deployment.model.dtype], (-1, -1, -1)),
-            TensorSpec("mask", "TYPE_INT64", (-1, -1)))
+    """`embeds` (and the family's extras) in the deployment's dtype, `mask` as int64."""
+    dtype = EMBEDS_TYPES[deployment.model.dtype]
+    extras = tuple(TensorSpec(name, dtype, (-1,) * rank)
+                   for name, rank in FAMILY_TEXT_CONDITIONING.get(deployment.model.family, ()))
+    return (TensorSpec("embeds", dtype, (-1, -1, -1)), TensorSpec("mask", "TYPE_INT64", (-1, -1))) + extras
 
 
 class TextEncoderStage:
@@ -79,9 +83,10 @@ class TextEncoderStage:
         if not items:
             return
         texts = [t for _, _, request_texts in items for t in request_texts]
-        embeds, mask = self.adapter.encode_text(texts)
-        embeds = self.faults.at("encode", [Subject(prompt=t) for t in texts], embeds)
-        finite = torch.isfinite(embeds.flatten(1)).all(dim=1).tolist()
+        cond = self.adapter.encode_prompts(texts)
+        embeds = self.faults.at("encode", [Subject(prompt=t) for t in texts], cond.embeds)
+        finite = torch.stack([torch.isfinite(t.flatten(1)).all(dim=1) for t in (embeds, *cond.extra.values())])
+        finite = finite.all(dim=0).tolist()
         start = 0
         for i, shape, request_texts in items:
             n = len(request_texts)
@@ -90,9 +95,11 @@ class TextEncoderStage:
             else:
                 # CPU outputs: they feed a BLS request into the decoupled `dit`, and GPU tensors
                 # there stalled rescheduled batches on the H200 (perf/results, 2026-11-29).
-                e = embeds[start:start + n].to(self.adapter.dtype).reshape(*shape, *embeds.shape[1:]).cpu()
-                m = mask[start:start + n].to(torch.int64).reshape(*shape, -1).cpu()
-                responses[i] = pb_utils.InferenceResponse([to_pb("embeds", e), to_pb("mask", m)])
+                rows = slice(start, start + n)
+                tensors = {name: t[rows].to(self.adapter.dtype).reshape(*shape, *t.shape[1:]).cpu()
+                           for name, t in (("embeds", embeds), *cond.extra.items())}
+                tensors["mask"] = cond.mask[rows].to(torch.int64).reshape(*shape, -1).cpu()
+                responses[i] = pb_utils.InferenceResponse([to_pb(name, t) for name, t in tensors.items()])
             start += n
 
     def finalize(self) -> None:
