@@ -1,0 +1,109 @@
+"""The front end's only way to tritonserver: gRPC streaming to the `<task>_stream` models.
+
+Each generation is one request on its own gRPC stream, so it can be cancelled alone:
+closing the generator (the HTTP client went away, a job was deleted) cancels the gRPC
+call, which Triton turns into `request.is_cancelled()` at dit's next step boundary (the
+stream-cancel path of docs/reliability.md; the server counts it in
+`ditserve_requests_cancelled_total`).
+"""
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+import grpc
+import numpy as np
+import tritonclient.grpc.aio as grpcaio
+from tritonclient.utils import InferenceServerException
+
+from ditserve.client import MEDIA_OUTPUT, GenerationRequest
+
+from .errors import APIError, from_server_message, unavailable
+
+
+@dataclass
+class Progress:
+    done: int
+    total: int
+
+
+@dataclass
+class Final:
+    seed: int
+    image: np.ndarray | None = None   # txt2img: uint8 [H, W, 3]
+    mp4: bytes | None = None          # videos: H.264 in MP4
+
+
+class TritonGateway:
+    """Readiness, the served tasks and streamed generations of one tritonserver."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self._client = grpcaio.InferenceServerClient(url)
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    async def served_tasks(self) -> list[str]:
+        """Public tasks whose unary and `_stream` models are both loaded and ready."""
+        try:
+            index = await self._client.get_model_repository_index(as_json=True)
+        except InferenceServerException as exc:
+            raise unavailable(f"tritonserver at {self.url} is not reachable: {exc.message()}") from None
+        ready = {m["name"] for m in index.get("models", []) if m.get("state") == "READY"}
+        return [task for task in MEDIA_OUTPUT if task in ready and f"{task}_stream" in ready]
+
+    async def check_ready(self, task: str) -> None:
+        """503 unless the server is up and `<task>_stream` is ready (before any work is queued)."""
+        try:
+            ready = await self._client.is_server_ready() and await self._client.is_model_ready(f"{task}_stream")
+        except InferenceServerException as exc:
+            raise unavailable(f"tritonserver at {self.url} is not reachable: {exc.message()}") from None
+        if not ready:
+            raise unavailable(f"tritonserver at {self.url} is not ready to serve {task}_stream")
+
+    async def generate(self, task: str, request: GenerationRequest) -> AsyncIterator[Progress | Final]:
+        """One `Progress` per denoise step, then one `Final`; an `APIError` on failure."""
+        media = "video_mp4" if task != "txt2img" else MEDIA_OUTPUT[task]
+        outputs = [grpcaio.InferRequestedOutput(name) for name in (media, "seed", "progress")]
+        sent = asyncio.Event()   # keeps the request side of the stream open until the result came
+
+        async def requests():
+            yield {"model_name": f"{task}_stream", "inputs": request.infer_inputs(grpcaio), "outputs": outputs,
+                   "request_id": uuid.uuid4().hex}
+            await sent.wait()
+
+        stream = self._client.stream_infer(requests())
+        finished = False
+        try:
+            async for result, error in stream:
+                if error is not None:
+                    finished = True
+                    raise from_server_message(error.message())
+                if result.get_output(media) is None:
+                    done, total = (int(v) for v in result.as_numpy("progress"))
+                    yield Progress(done, total)
+                    continue
+                finished = True
+                value = result.as_numpy(media)
+                seed = int(result.as_numpy("seed")[0])
+                yield Final(seed, mp4=bytes(value.reshape(-1)[0])) if task != "txt2img" else Final(seed, image=value)
+                return
+            raise APIError(502, f"{task}_stream ended without a result", type="server_error")
+        except grpc.aio.AioRpcError as exc:
+            finished = True
+            raise _rpc_error(exc) from None
+        finally:
+            sent.set()
+            if not finished:   # closed early: the client left or the job was deleted
+                stream.cancel()
+
+
+def _rpc_error(exc: grpc.aio.AioRpcError) -> APIError:
+    if exc.code() == grpc.StatusCode.UNAVAILABLE:
+        return unavailable(f"tritonserver is not reachable: {exc.details()}")
+    if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return APIError(504, f"tritonserver: {exc.details()}", type="timeout")
+    return APIError(502, f"tritonserver: {exc.code().name}: {exc.details()}", type="server_error")

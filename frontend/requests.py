@@ -1,0 +1,64 @@
+"""What an OpenAI-style request asks for, checked and turned into `GenerationRequest`s.
+
+Only what the front end itself must decide is checked here (the body's shape, `size`,
+`n`, `model`); every range (sizes, steps, guidance, frames) is the deployment's and is
+checked by the server, whose message is passed through unchanged.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+from ditserve.client import GenerationRequest
+
+from .errors import APIError, invalid
+
+_SIZE = re.compile(r"^(\d{1,5})x(\d{1,5})$")
+
+
+def parse_size(size: str | None) -> tuple[int | None, int | None]:
+    """OpenAI's `WIDTHxHEIGHT` as (height, width); `auto` or nothing keeps the deployment's size."""
+    if size in (None, "", "auto"):
+        return None, None
+    match = _SIZE.match(size)
+    if not match:
+        raise invalid("size", f"size {size!r} must be 'WIDTHxHEIGHT' (e.g. '64x64') or 'auto'")
+    return int(match.group(2)), int(match.group(1))
+
+
+def size_text(height: int, width: int) -> str:
+    return f"{width}x{height}"
+
+
+def check_n(n: int, max_n: int) -> None:
+    if not 1 <= n <= max_n:
+        raise invalid("n", f"n={n} is out of range; allowed [1, {max_n}] (the front end's --max-n)")
+
+
+def choose_model(model: str | None, served: list[str], allowed: tuple[str, ...], default: str) -> str:
+    """The Triton task for a request's `model`; 404 (as OpenAI answers) for one not served here."""
+    task = model or default
+    usable = [t for t in served if t in allowed]
+    if task not in usable:
+        names = ", ".join(usable) or "none"
+        raise APIError(404, f"model {task!r} is not served here; this endpoint's models: {names} (GET /v1/models)",
+                       param="model", code="model_not_found")
+    return task
+
+
+def one_per_image(request: GenerationRequest, n: int) -> list[GenerationRequest]:
+    """n requests; with a seed, image i gets seed + i so the n images differ and each is reproducible."""
+    if request.seed is None:
+        return [replace(request) for _ in range(n)]
+    return [replace(request, seed=request.seed + i) for i in range(n)]
+
+
+# Wan's VAE compresses time 4x, so a video has 4k + 1 frames; 16 fps is Wan2.1's rate.
+FRAMES_STEP, DEFAULT_FPS = 4, 16
+
+
+def frames_for_seconds(seconds: float, fps: int | None) -> int:
+    """OpenAI's `seconds` as a frame count: the nearest 4k + 1 at the request's fps (or 16)."""
+    if not 0 < seconds <= 3600:
+        raise invalid("seconds", f"seconds={seconds} must be in (0, 3600]")
+    return FRAMES_STEP * max(1, round(seconds * (fps or DEFAULT_FPS) / FRAMES_STEP)) + 1
