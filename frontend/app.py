@@ -124,14 +124,22 @@ class BodyLimitMiddleware:
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and int(length) > self.max_bytes:
             return await self._error().response()(scope, receive, send)
-        seen = 0
+        seen, refused = 0, False
 
         async def counted():
-            nonlocal seen
+            nonlocal seen, refused
+            if refused:
+                return {"type": "http.disconnect"}
             message = await receive()
             seen += len(message.get("body", b""))
-            if seen > self.max_bytes:
-                raise self._error()
+            if seen > self.max_bytes:   # answer 413 now; to the app the client has gone
+                refused = True
+                await self._error().response()(scope, receive, send)
+                return {"type": "http.disconnect"}
             return message
 
-        await self.app(scope, counted, send)
+        async def unless_refused(message):
+            if not refused:
+                await send(message)
+
+        await self.app(scope, counted, unless_refused)

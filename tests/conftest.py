@@ -11,6 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "backends"))
+sys.path.insert(0, str(ROOT))   # frontend/, a client of the server
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from ditserve.launcher import ServerOptions, TritonServer, free_ports  # noqa: E402

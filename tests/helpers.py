@@ -130,6 +130,12 @@ def cancel_mid_denoise(server, request: GenerationRequest, task: str, after_step
     call = StreamCall(server.grpc_url, request, task=task).start()
     call.wait_progress(after_steps)
     call.cancel()
+    assert_cancelled_on_server(server, before, task)
+
+
+def assert_cancelled_on_server(server, before: dict, task: str) -> None:
+    """Since the `before` scrape, one `<task>_stream` request was cancelled: counted once,
+    the state table back to 0, no decode."""
     name, model = "ditserve_requests_cancelled_total", f"{task}_stream"
     expected = before.get((name, model), 0) + 1
     assert wait_for_metric(server.metrics_url, name, model, expected) == expected

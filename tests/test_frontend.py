@@ -1,0 +1,355 @@
+"""The OpenAI-compatible front end (frontend/): the real `openai` SDK against a real front-end
+process and a real tritonserver (tiny pipelines).
+
+One front end per Triton server of the session (images, and the Wan servers for videos),
+plus one pointed at a port where nothing listens (Triton down).
+"""
+from __future__ import annotations
+
+import base64
+import http.client
+import io
+import json
+import re
+import time
+
+import numpy as np
+import openai
+import pytest
+from PIL import Image
+from tritonclient.utils import InferenceServerException
+
+from conftest import diffusers_image
+from ditserve.client import MEDIA_OUTPUT, DitClient, GenerationRequest
+from ditserve.launcher import free_ports
+from ditserve.media import decode_mp4
+from frontend.launcher import FrontendProcess
+from helpers import assert_cancelled_on_server, scrape, wait_for_metric
+from test_txt2img import assert_matches
+
+# The SDK warns that OpenAI's own video models are retired; this server is not OpenAI's.
+pytestmark = pytest.mark.filterwarnings("ignore:The Sora API:DeprecationWarning")
+API_KEY = "test-key-21"
+BODY_LIMIT = 65536
+
+
+def start_frontend(triton_url: str, tmp_path_factory, name: str, *args: str) -> FrontendProcess:
+    log = tmp_path_factory.mktemp(name) / "frontend.log"
+    return FrontendProcess(triton_url, free_ports(1)[0], list(args), log_path=log).start()
+
+
+@pytest.fixture(scope="module")
+def frontend(server, tmp_path_factory):
+    fe = start_frontend(server.grpc_url, tmp_path_factory, "frontend", "--api-key", API_KEY,
+                        "--max-body-bytes", str(BODY_LIMIT))
+    yield fe
+    fe.stop()
+
+
+@pytest.fixture
+def client(frontend) -> openai.OpenAI:
+    return openai.OpenAI(base_url=frontend.url + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
+
+
+def call(url: str, method: str, path: str, body: bytes | None = None, headers: dict | None = None,
+         key: str | None = API_KEY) -> tuple[int, dict, bytes]:
+    """A plain HTTP request (for what the SDK does not send): (status, headers, body)."""
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    headers = {**({"Authorization": f"Bearer {key}"} if key else {}), **(headers or {})}
+    conn.request(method, path, body=body, headers=headers)
+    response = conn.getresponse()
+    result = response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+    conn.close()
+    return result
+
+
+def png(b64: str) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(base64.b64decode(b64))))
+
+
+def triton_media(server, task: str, request: GenerationRequest):
+    with DitClient(server.grpc_url, "grpc", task=task) as triton:
+        return triton.generate(request)
+
+
+def test_image_equals_the_triton_image_and_diffusers(client, server, diffusers_pixart):
+    response = client.images.generate(model="txt2img", prompt="a red cat on a blue sofa", size="96x64",
+                                      response_format="b64_json",
+                                      extra_body={"seed": 3, "num_inference_steps": 8, "guidance_scale": 4.5})
+    [data] = response.data
+    image = png(data.b64_json)
+    assert image.shape == (64, 96, 3), "size is WIDTHxHEIGHT"
+    assert data.model_extra["seed"] == 3
+    same = triton_media(server, "txt2img", GenerationRequest("a red cat on a blue sofa", height=64, width=96,
+                                                             num_inference_steps=8, guidance_scale=4.5, seed=3))
+    assert np.array_equal(image, same.media), "the PNG carries exactly the pixels Triton's txt2img returns"
+    assert_matches(image, diffusers_image(diffusers_pixart, "a red cat on a blue sofa", 3, 8, 4.5, 64, 96))
+
+
+def test_n_images_are_n_requests_batched_stepwise(client, server):
+    before = scrape(server.metrics_url)
+    response = client.images.generate(prompt="a lighthouse", size="64x64", n=3,
+                                      extra_body={"seed": 10, "num_inference_steps": 12})
+    after = scrape(server.metrics_url)
+    images = [png(d.b64_json) for d in response.data]
+    assert [d.model_extra["seed"] for d in response.data] == [10, 11, 12]
+    assert not np.array_equal(images[0], images[1])
+    forwards, rows = (after[(name, "dit")] - before.get((name, "dit"), 0)
+                      for name in ("ditserve_step_batch_size_count", "ditserve_step_batch_size_sum"))
+    assert rows == 3 * 12 and forwards < rows, f"{rows} denoise rows in {forwards} forwards: no step was shared"
+    solo = client.images.generate(prompt="a lighthouse", size="64x64", extra_body={"seed": 11, "num_inference_steps": 12})
+    assert np.array_equal(png(solo.data[0].b64_json), images[1]), "batched == solo"
+
+
+def test_stream_sends_one_event_per_step_then_the_image(client):
+    args = dict(prompt="a small boat", size="64x64", extra_body={"seed": 4, "num_inference_steps": 5})
+    events = list(client.images.generate(stream=True, **args))
+    assert [(e.type, e.step, e.total_steps) for e in events[:-1]] == \
+        [("image_generation.progress", k, 5) for k in range(1, 6)]
+    assert events[-1].type == "image_generation.completed" and events[-1].size == "64x64"
+    assert np.array_equal(png(events[-1].b64_json), png(client.images.generate(**args).data[0].b64_json))
+
+
+def test_stream_of_n_images_reports_each_by_index(client):
+    events = list(client.images.generate(prompt="a tree", size="64x64", n=2, stream=True,
+                                         extra_body={"seed": 1, "num_inference_steps": 3}))
+    for index in (0, 1):
+        mine = [e for e in events if e.model_extra.get("index", getattr(e, "index", None)) == index]
+        assert [e.type for e in mine] == ["image_generation.progress"] * 3 + ["image_generation.completed"]
+
+
+def server_message(server, **inputs) -> str:
+    with pytest.raises(InferenceServerException) as exc:
+        triton_media(server, "txt2img", GenerationRequest("a cat", **inputs))
+    return exc.value.message()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_server_validation_message_is_passed_through_as_a_400(client, server, stream):
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.images.generate(prompt="a cat", size="65x64", stream=stream)
+    assert exc.value.status_code == 400
+    assert exc.value.body["message"] == server_message(server, height=64, width=65)
+    assert exc.value.body["param"] == "width" and exc.value.body["type"] == "invalid_request_error"
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.images.generate(prompt="a cat", extra_body={"num_inference_steps": 0})
+    assert exc.value.body["message"] == server_message(server, num_inference_steps=0)
+
+
+@pytest.mark.parametrize("kwargs, status, param", [
+    ({"n": 9}, 400, "n"),
+    ({"size": "large"}, 400, "size"),
+    ({"quality": "hd"}, 400, "quality"),
+    ({"response_format": "url"}, 400, "response_format"),
+    ({"extra_body": {"num_inference_steps": "many"}}, 400, "num_inference_steps"),
+    ({"model": "dall-e-3"}, 404, "model"),
+])
+def test_front_end_checks_get_openai_error_bodies(client, kwargs, status, param):
+    with pytest.raises(openai.APIStatusError) as exc:
+        client.images.generate(prompt="a cat", **kwargs)
+    assert exc.value.status_code == status
+    assert exc.value.body["param"] == param and param in exc.value.body["message"]
+
+
+def test_a_missing_prompt_names_it(frontend):
+    status, _, body = call(frontend.url, "POST", "/v1/images/generations", b"{}", {"Content-Type": "application/json"})
+    assert status == 400 and json.loads(body)["error"]["param"] == "prompt"
+
+
+def test_api_key_is_required_on_the_api_but_not_for_the_page(frontend):
+    with pytest.raises(openai.AuthenticationError) as exc:
+        openai.OpenAI(base_url=frontend.url + "/v1", api_key="wrong", max_retries=0).models.list()
+    assert exc.value.status_code == 401 and exc.value.body["code"] == "invalid_api_key"
+    status, headers, body = call(frontend.url, "POST", "/v1/images/generations", b'{"prompt": "x"}', key=None)
+    assert status == 401 and headers["www-authenticate"] == "Bearer" and json.loads(body)["error"]["message"]
+    assert call(frontend.url, "GET", "/", key=None)[0] == 200
+
+
+def test_request_bodies_over_the_limit_are_refused(frontend):
+    big = json.dumps({"prompt": "x" * BODY_LIMIT}).encode()
+    status, _, body = call(frontend.url, "POST", "/v1/images/generations", big, {"Content-Type": "application/json"})
+    assert status == 413 and "limit" in json.loads(body)["error"]["message"]
+    chunks = (big[i:i + 8192] for i in range(0, len(big), 8192))   # no Content-Length: counted as it arrives
+    host, port = frontend.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    conn.request("POST", "/v1/images/generations", body=chunks, encode_chunked=True,
+                 headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"})
+    assert conn.getresponse().status == 413
+    conn.close()
+
+
+def test_no_cross_origin_access_by_default(frontend):
+    status, headers, _ = call(frontend.url, "OPTIONS", "/v1/images/generations", headers={
+        "Origin": "https://elsewhere.example", "Access-Control-Request-Method": "POST"})
+    assert "access-control-allow-origin" not in headers
+    _, headers, _ = call(frontend.url, "GET", "/v1/models", headers={"Origin": "https://elsewhere.example"})
+    assert "access-control-allow-origin" not in headers
+
+
+def test_models_lists_what_triton_serves(client, server):
+    import tritonclient.http as httpclient
+
+    index = httpclient.InferenceServerClient(server.http_url).get_model_repository_index()
+    ready = {m["name"] for m in index if m.get("state") == "READY"}
+    expected = [task for task in MEDIA_OUTPUT if task in ready]
+    assert [m.id for m in client.models.list().data] == expected == ["txt2img"]
+
+
+def test_a_client_disconnect_cancels_the_generation_on_the_server(client, server, frontend):
+    before = scrape(server.metrics_url)
+    stream = client.images.generate(prompt="a slow cat", size="64x64", stream=True,
+                                    extra_body={"num_inference_steps": 100})
+    for event in stream:
+        if event.step == 3:
+            stream.close()   # closes the connection mid-denoise
+            break
+    assert_cancelled_on_server(server, before, "txt2img")
+
+    before = scrape(server.metrics_url)   # the same without streaming: the connection just goes away
+    host, port = frontend.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    conn.request("POST", "/v1/images/generations", body=json.dumps({"prompt": "a slow cat", "size": "64x64",
+                 "num_inference_steps": 100}), headers={"Authorization": f"Bearer {API_KEY}",
+                                                        "Content-Type": "application/json"})
+    assert wait_for_metric(server.metrics_url, "ditserve_state_table_size", "dit", 1.0) == 1.0
+    conn.close()
+    assert_cancelled_on_server(server, before, "txt2img")
+
+
+def test_the_page_is_served_and_its_endpoints_exist(frontend):
+    status, headers, body = call(frontend.url, "GET", "/", key=None)
+    page = body.decode()
+    assert status == 200 and headers["content-type"].startswith("text/html")
+    assert "default-src 'none'" in headers["content-security-policy"]
+    for element in ('id="prompt"', 'id="size"', 'id="steps"', 'id="seed"', "<progress", 'id="cancel"'):
+        assert element in page
+    paths = set(re.findall(r'"(/v1/[a-z/]+)"', page))
+    assert paths == {"/v1/models", "/v1/images/generations", "/v1/videos/sync"}
+    for path in paths:   # each answers as an API route (an OpenAI error body at worst), not "no such route"
+        status, _, body = call(frontend.url, "GET" if path == "/v1/models" else "POST", path, b"",
+                               {"Content-Type": "application/json"})
+        assert status not in (404, 405) or "error" in json.loads(body), (path, status, body)
+
+
+def test_503_while_triton_is_down(tmp_path_factory):
+    port = free_ports(1)[0]   # nothing listens there
+    with FrontendProcess(f"127.0.0.1:{port}", free_ports(1)[0]) as fe:
+        sdk = openai.OpenAI(base_url=fe.url + "/v1", api_key="unused", max_retries=0)
+        for request in (sdk.models.list, lambda: sdk.images.generate(prompt="a cat"),
+                        lambda: sdk.images.generate(prompt="a cat", stream=True)):
+            with pytest.raises(openai.InternalServerError) as exc:
+                request()
+            assert exc.value.status_code == 503 and exc.value.body["type"] == "service_unavailable"
+        assert call(fe.url, "GET", "/health", key=None)[0] == 503
+
+
+# Videos: /v1/videos jobs (OpenAI's video API, as vLLM-Omni serves it) and /v1/videos/sync.
+
+@pytest.fixture(scope="module")
+def video_frontend(wan_server, tmp_path_factory):
+    fe = start_frontend(wan_server.grpc_url, tmp_path_factory, "video-frontend")
+    yield fe
+    fe.stop()
+
+
+@pytest.fixture
+def video_client(video_frontend) -> openai.OpenAI:
+    return openai.OpenAI(base_url=video_frontend.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def wait_for_job(sdk: openai.OpenAI, video_id: str, status: str, timeout: float = 120):
+    deadline = time.monotonic() + timeout
+    while (job := sdk.videos.retrieve(video_id)).status != status:
+        assert job.status not in ("failed", "completed"), job
+        assert time.monotonic() < deadline, job
+        time.sleep(0.1)
+    return job
+
+
+def test_video_job_gives_the_mp4_triton_gives(video_client, wan_server):
+    job = video_client.videos.create(prompt="waves at dusk", model="txt2vid", size="64x64",
+                                     extra_body={"num_frames": 9, "fps": 8, "seed": 2, "num_inference_steps": 4})
+    assert job.object == "video" and job.status in ("queued", "in_progress") and job.seconds == "1.125"
+    done = wait_for_job(video_client, job.id, "completed")
+    assert done.progress == 100 and done.model_extra["seed"] == 2
+    mp4 = video_client.videos.download_content(job.id).read()
+    frames, fps = decode_mp4(mp4)
+    assert frames.shape == (9, 64, 64, 3) and fps == 8
+    same = triton_media(wan_server, "txt2vid", GenerationRequest("waves at dusk", height=64, width=64, num_frames=9,
+                                                                 fps=8, seed=2, num_inference_steps=4,
+                                                                 output_format="mp4"))
+    assert mp4 == same.video_mp4
+    assert job.id in [v.id for v in video_client.videos.list().data]
+    video_client.videos.delete(job.id)
+    with pytest.raises(openai.NotFoundError):
+        video_client.videos.retrieve(job.id)
+
+
+def test_deleting_a_running_video_job_cancels_it_on_the_server(video_client, wan_server):
+    before = scrape(wan_server.metrics_url)
+    job = video_client.videos.create(prompt="a long video", extra_body={"num_inference_steps": 100, "num_frames": 9})
+    wait_for_job(video_client, job.id, "in_progress")
+    assert video_client.videos.delete(job.id).deleted
+    assert_cancelled_on_server(wan_server, before, "txt2vid")
+
+
+def test_video_sync_streams_progress_then_the_mp4(video_frontend):
+    fields = {"prompt": "rain", "size": "64x64", "num_frames": "5", "num_inference_steps": "3", "seed": "1",
+              "stream": "true"}
+    body = "".join(f'--b\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n' for k, v in fields.items())
+    status, headers, raw = call(video_frontend.url, "POST", "/v1/videos/sync", (body + "--b--\r\n").encode(),
+                                {"Content-Type": "multipart/form-data; boundary=b"}, key=None)
+    assert status == 200 and headers["content-type"].startswith("text/event-stream")
+    events = [json.loads(line[6:]) for line in raw.decode().splitlines() if line.startswith("data: ")]
+    assert [(e["type"], e.get("step")) for e in events] == \
+        [("video_generation.progress", k) for k in (1, 2, 3)] + [("video_generation.completed", None)]
+    assert decode_mp4(base64.b64decode(events[-1]["b64_json"]))[0].shape == (5, 64, 64, 3)
+
+
+def test_video_errors_are_openai_errors(video_client, video_frontend):
+    # A job is accepted at once; the server's rejection then fails it, as OpenAI reports job errors.
+    job = video_client.videos.create(prompt="waves", extra_body={"num_frames": 8})
+    deadline = time.monotonic() + 60
+    while (job := video_client.videos.retrieve(job.id)).status != "failed":
+        assert job.status != "completed" and time.monotonic() < deadline, job
+        time.sleep(0.1)
+    assert "num_frames" in job.error.message
+    with pytest.raises(openai.APIStatusError) as exc:   # it has no content
+        video_client.videos.download_content(job.id)
+    assert exc.value.status_code == 422
+    form = '--b\r\nContent-Disposition: form-data; name="prompt"\r\n\r\nwaves\r\n' \
+           '--b\r\nContent-Disposition: form-data; name="num_frames"\r\n\r\n8\r\n--b--\r\n'
+    status, _, body = call(video_frontend.url, "POST", "/v1/videos/sync", form.encode(),
+                           {"Content-Type": "multipart/form-data; boundary=b"}, key=None)
+    assert status == 400 and json.loads(body)["error"]["param"] == "num_frames"   # the sync call answers it
+    with pytest.raises(openai.BadRequestError) as exc:   # txt2vid takes no image: checked before the job starts
+        video_client.videos.create(prompt="waves", model="txt2vid",
+                                   input_reference=("in.png", _png_bytes(), "image/png"))
+    assert exc.value.body["param"] == "input_reference"
+    with pytest.raises(openai.NotFoundError):
+        video_client.videos.retrieve("video_nonexistent")
+
+
+def _png_bytes(width: int = 40, height: int = 56) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (height, width, 3), dtype=np.uint8)).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def test_img2vid_from_an_uploaded_image(i2v_server, tmp_path_factory):
+    fe = start_frontend(i2v_server.grpc_url, tmp_path_factory, "i2v-frontend")
+    try:
+        sdk = openai.OpenAI(base_url=fe.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        job = sdk.videos.create(prompt="the scene moves", input_reference=("in.png", _png_bytes(), "image/png"),
+                                size="64x64", extra_body={"num_frames": 5, "seed": 3, "num_inference_steps": 3})
+        assert job.model == "img2vid"
+        wait_for_job(sdk, job.id, "completed")
+        mp4 = sdk.videos.download_content(job.id).read()
+        image = np.asarray(Image.open(io.BytesIO(_png_bytes())).convert("RGB"))
+        same = triton_media(i2v_server, "img2vid", GenerationRequest("the scene moves", height=64, width=64,
+                                                                     num_frames=5, seed=3, num_inference_steps=3,
+                                                                     output_format="mp4", image=image))
+        assert mp4 == same.video_mp4
+    finally:
+        fe.stop()
