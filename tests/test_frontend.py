@@ -11,6 +11,7 @@ import http.client
 import io
 import json
 import re
+import shutil
 import time
 
 import numpy as np
@@ -353,3 +354,62 @@ def test_img2vid_from_an_uploaded_image(i2v_server, tmp_path_factory):
         assert mp4 == same.video_mp4
     finally:
         fe.stop()
+
+
+# The page, in a real headless browser: Debian's chromium (scripts/setup.sh installs it;
+# Playwright's own browser download cannot reach its servers from here) driven by Playwright.
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.fixture(scope="module")
+def page(frontend):
+    if CHROMIUM is None:
+        pytest.skip("no chromium on PATH: scripts/setup.sh installs Debian's package when run as root")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        tab = browser.new_page()
+        tab.goto(frontend.url + "/")
+        tab.wait_for_function("() => document.getElementById('status').textContent.includes('API key')")
+        tab.fill("#key", API_KEY)    # the API needs it; the page itself does not
+        tab.dispatch_event("#key", "change")
+        tab.wait_for_function("() => document.getElementById('model').value === 'txt2img'")
+        # Every value the progress bar takes: each change's old value (changes can arrive batched).
+        tab.evaluate("""() => { const bar = document.getElementById('progress'); window.seen = [];
+            new MutationObserver((changes) => { for (const c of changes) window.seen.push(Number(c.oldValue)); })
+                .observe(bar, {attributeFilter: ['value'], attributeOldValue: true}); }""")
+        yield tab
+        browser.close()
+
+
+def test_the_page_shows_progress_then_the_image(page, server):
+    page.fill("#prompt", "a blue house by a lake")
+    page.fill("#size", "96x64")
+    page.fill("#steps", "10")
+    page.fill("#seed", "7")
+    page.click("#generate")
+    page.wait_for_selector("#output", timeout=60000)
+    seen = page.evaluate("window.seen") + [page.evaluate("() => document.getElementById('progress').value")]
+    assert seen == sorted(seen) and set(seen) == set(range(11)), f"the bar moved step by step: {seen}"
+    assert page.get_attribute("#output", "src").startswith("blob:")
+    rgba = page.eval_on_selector("#output", """(img) => { const c = document.createElement('canvas');
+        c.width = img.naturalWidth; c.height = img.naturalHeight; const g = c.getContext('2d');
+        g.drawImage(img, 0, 0); return Array.from(g.getImageData(0, 0, c.width, c.height).data); }""")
+    shown = np.array(rgba, dtype=np.uint8).reshape(64, 96, 4)[..., :3]
+    same = triton_media(server, "txt2img", GenerationRequest("a blue house by a lake", height=64, width=96,
+                                                             num_inference_steps=10, seed=7))
+    assert np.array_equal(shown, same.media), "the page shows the pixels Triton made"
+    assert page.text_content("#status") == "done (seed 7)"
+
+
+def test_the_page_cancel_button_cancels_on_the_server(page, server):
+    before = scrape(server.metrics_url)
+    page.fill("#steps", "100")
+    page.fill("#size", "256x256")
+    page.click("#generate")
+    page.wait_for_function("() => document.getElementById('progress').value >= 2")
+    page.click("#cancel")
+    page.wait_for_function("() => document.getElementById('status').textContent === 'cancelled'")
+    assert_cancelled_on_server(server, before, "txt2img")
+    assert page.is_enabled("#generate") and not page.is_enabled("#cancel")
