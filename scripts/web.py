@@ -1,0 +1,53 @@
+#!/usr/bin/env python
+"""Start tritonserver and the OpenAI-compatible front end together; Ctrl-C stops both.
+
+    python scripts/web.py                      # the embedded tiny PixArt; open the printed address
+    python scripts/web.py --deployment configs/tiny-wan-t2v.toml --model-repository /tmp/wan-repo
+
+Everything binds to 127.0.0.1. Logs: outputs/web-server.log (Triton), outputs/web-frontend.log.
+Extra arguments after `--` go to the front end (`python -m frontend --help`).
+"""
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "backends"))
+sys.path.insert(0, str(ROOT))
+from ditserve.launcher import ServerOptions, TritonServer  # noqa: E402
+from frontend.launcher import FrontendProcess  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--deployment", help="deployment TOML (default: the tiny PixArt pipeline)")
+    p.add_argument("--model-repository", type=Path, default=ServerOptions.model_repository)
+    p.add_argument("--port", type=int, default=8080, help="the front end's port (page and API)")
+    p.add_argument("--grpc-port", type=int, default=8001)
+    p.add_argument("frontend_args", nargs="*", help="after --: more options for python -m frontend")
+    args = p.parse_args(argv)
+    logs = ROOT / "outputs"
+    logs.mkdir(exist_ok=True)
+    options = ServerOptions(args.model_repository, grpc_port=args.grpc_port, deployment=args.deployment)
+    print(f"[web] starting tritonserver (log: {logs / 'web-server.log'})", file=sys.stderr, flush=True)
+    with TritonServer(options, log_path=logs / "web-server.log") as server:
+        server.wait_ready(timeout_s=600, progress=True)
+        with FrontendProcess(server.grpc_url, args.port, args.frontend_args, log_path=logs / "web-frontend.log") as fe:
+            print(f"\n[web] ready: open {fe.url}/  (OpenAI base_url {fe.url}/v1; Ctrl-C stops)", file=sys.stderr,
+                  flush=True)
+            signal.signal(signal.SIGTERM, signal.default_int_handler)   # stop as on Ctrl-C
+            try:
+                while server.process.poll() is None and fe.process.poll() is None:
+                    time.sleep(0.5)
+            except KeyboardInterrupt:
+                pass
+            print("\n[web] stopping the front end and tritonserver...", file=sys.stderr, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
