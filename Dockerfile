@@ -15,6 +15,8 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 #   tensors built from numpy arrays.
 # - tomli: Python 3.10 has no tomllib.
 # - tritonclient/pillow/tqdm: scripts/generate.py can call the server from inside the container.
+# - fastapi/uvicorn/python-multipart: the OpenAI-compatible front end (`python3 -m frontend`,
+#   docs/frontend.md), run as a second container of the pod; the newest releases for Python 3.10.
 RUN python3 -m pip install --no-cache-dir \
         torch==2.7.1 \
         numpy==1.26.4 \
@@ -27,7 +29,10 @@ RUN python3 -m pip install --no-cache-dir \
         tomli==2.5.0 \
         "tritonclient[grpc,http]==2.73.0" \
         pillow==12.3.0 \
-        tqdm==4.70.1
+        tqdm==4.70.1 \
+        fastapi==0.162.5 \
+        uvicorn==0.54.0 \
+        python-multipart==0.0.32
 
 WORKDIR /opt/ditserve
 COPY pyproject.toml ./
@@ -35,6 +40,7 @@ COPY backends/ backends/
 COPY model_repository/ model_repository/
 COPY configs/ configs/
 COPY scripts/ scripts/
+COPY frontend/ frontend/
 
 # Editable install (deps installed above): `ditserve` imports from /opt/ditserve/backends,
 # so relative paths in deployment configs resolve against /opt/ditserve as in a checkout.
@@ -61,8 +67,8 @@ VOLUME ["/var/cache/ditserve"]
 # triton-server (uid/gid 1000 in every Triton image); numeric, so Kubernetes' runAsNonRoot can check it.
 USER 1000:1000
 
-# HTTP, gRPC, metrics.
-EXPOSE 8000 8001 8002
+# HTTP, gRPC, metrics; 8080: the front end, when the container runs `python3 -m frontend`.
+EXPOSE 8000 8001 8002 8080
 
 # Healthy = ready AND every model instance's Python stub alive: Triton 2.51 keeps reporting
 # READY after a stub dies (docs/reliability.md), so readiness alone would stay green.

@@ -49,8 +49,8 @@ def test_validator_rejects_a_broken_manifest():
         kubernetes_validate.validate(bad, latest_version(), strict=True)
 
 
-def container() -> dict:
-    (c,) = one("Deployment")["spec"]["template"]["spec"]["containers"]
+def container(name: str = "tritonserver") -> dict:
+    (c,) = [c for c in one("Deployment")["spec"]["template"]["spec"]["containers"] if c["name"] == name]
     return c
 
 
@@ -84,7 +84,20 @@ def test_service_exposes_the_three_ports_of_the_deployment():
     svc = one("Service")["spec"]
     assert svc["type"] == "ClusterIP"
     assert svc["selector"].items() <= one("Deployment")["spec"]["template"]["metadata"]["labels"].items()
-    assert {p["name"]: p["port"] for p in svc["ports"]} == {"http": 8000, "grpc": 8001, "metrics": 8002}
+    assert {p["name"]: p["port"] for p in svc["ports"]} == {"http": 8000, "grpc": 8001, "metrics": 8002,
+                                                            "openai": 8080}
+
+
+def test_the_front_end_runs_beside_triton_in_the_pod_with_a_required_key():
+    c = container("frontend")
+    assert c["image"] == container()["image"] and c["command"][:3] == ["python3", "-m", "frontend"]
+    args = dict(zip(c["command"][3::2], c["command"][4::2]))
+    assert args["--triton-url"] == f"127.0.0.1:{8001}" and args["--port"] == "8080"
+    (key,) = [e for e in c["env"] if e["name"] == "DITSERVE_API_KEY"]
+    assert not key["valueFrom"]["secretKeyRef"].get("optional", False), "the key must not be skippable"
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"openai": 8080}
+    assert c["readinessProbe"]["httpGet"]["path"] == "/health" and c["livenessProbe"]["httpGet"]["path"] == "/"
+    assert (ROOT / "frontend" / "__main__.py").exists()
 
 
 def test_hpa_targets_the_deployment_on_a_triton_queue_metric():
