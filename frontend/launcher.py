@@ -14,16 +14,16 @@ ROOT = Path(__file__).resolve().parents[1]
 class FrontendProcess:
     """`python -m frontend ...` as a child process, stopped with SIGTERM (uvicorn exits cleanly)."""
 
-    def __init__(self, triton_url: str, port: int, args: list[str] = (), log_path: Path | None = None,
-                 env: dict | None = None):
+    def __init__(self, triton_url: str, port: int, args: list[str] | tuple[str, ...] = (),
+                 log_path: Path | None = None):
         self.url = f"http://127.0.0.1:{port}"
         self.command = [sys.executable, "-m", "frontend", "--triton-url", triton_url, "--port", str(port), *args]
-        self.log_path, self.env = log_path, env
+        self.log_path = log_path
         self.process: subprocess.Popen | None = None
 
     def start(self, timeout_s: float = 60) -> "FrontendProcess":
         out = open(self.log_path, "w") if self.log_path else None
-        self.process = subprocess.Popen(self.command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=self.env)
+        self.process = subprocess.Popen(self.command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

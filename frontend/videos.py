@@ -29,7 +29,7 @@ from PIL import Image, UnidentifiedImageError
 from ditserve.client import GenerationRequest
 
 from .errors import APIError, invalid
-from .gateway import Final, Progress
+from .gateway import Final, Progress, TritonGateway
 from .requests import choose_model, frames_for_seconds, parse_size
 from .streams import collect, event_stream, merged, unless_disconnected
 
@@ -139,7 +139,7 @@ class VideoJobs:
                            param="video_id", code="video_not_found")
         return self.jobs[video_id]
 
-    async def run(self, job: VideoJob, gateway, task: str, request: GenerationRequest) -> None:
+    async def run(self, job: VideoJob, gateway: TritonGateway, task: str, request: GenerationRequest) -> None:
         try:
             [final] = await collect(gateway, task, [request], job.on_progress)
         except APIError as exc:

@@ -7,6 +7,7 @@ plus one pointed at a port where nothing listens (Triton down).
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.client
 import io
 import json
@@ -362,25 +363,45 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 @pytest.fixture(scope="module")
-def page(frontend):
+def browser():
     if CHROMIUM is None:
         pytest.skip("no chromium on PATH: scripts/setup.sh installs Debian's package when run as root")
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        tab = browser.new_page()
-        tab.goto(frontend.url + "/")
-        tab.wait_for_function("() => document.getElementById('status').textContent.includes('API key')")
-        tab.fill("#key", API_KEY)    # the API needs it; the page itself does not
-        tab.dispatch_event("#key", "change")
-        tab.wait_for_function("() => document.getElementById('model').value === 'txt2img'")
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield chromium
+        chromium.close()
+
+
+@contextlib.contextmanager
+def browser_page(browser, url: str, model: str, key: str | None = None):
+    """The page at `url` in a new tab, its model list loaded (with `key` typed in)."""
+    tab = browser.new_page()
+    try:
+        tab.goto(url + "/")
+        if key:
+            tab.wait_for_function("() => document.getElementById('status').textContent.includes('API key')")
+            tab.fill("#key", key)    # the API needs it; the page itself does not
+            tab.dispatch_event("#key", "change")
+        tab.wait_for_function(f"() => document.getElementById('model').value === '{model}'")
         # Every value the progress bar takes: each change's old value (changes can arrive batched).
         tab.evaluate("""() => { const bar = document.getElementById('progress'); window.seen = [];
             new MutationObserver((changes) => { for (const c of changes) window.seen.push(Number(c.oldValue)); })
                 .observe(bar, {attributeFilter: ['value'], attributeOldValue: true}); }""")
         yield tab
-        browser.close()
+    finally:
+        tab.close()
+
+
+@pytest.fixture(scope="module")
+def page(browser, frontend):
+    with browser_page(browser, frontend.url, "txt2img", API_KEY) as tab:
+        yield tab
+
+
+def bar_values(tab) -> list[int]:
+    return tab.evaluate("window.seen") + [tab.evaluate("() => document.getElementById('progress').value")]
 
 
 def test_the_page_shows_progress_then_the_image(page, server):
@@ -390,7 +411,7 @@ def test_the_page_shows_progress_then_the_image(page, server):
     page.fill("#seed", "7")
     page.click("#generate")
     page.wait_for_selector("#output", timeout=60000)
-    seen = page.evaluate("window.seen") + [page.evaluate("() => document.getElementById('progress').value")]
+    seen = bar_values(page)
     assert seen == sorted(seen) and set(seen) == set(range(11)), f"the bar moved step by step: {seen}"
     assert page.get_attribute("#output", "src").startswith("blob:")
     rgba = page.eval_on_selector("#output", """(img) => { const c = document.createElement('canvas');
@@ -413,3 +434,14 @@ def test_the_page_cancel_button_cancels_on_the_server(page, server):
     page.wait_for_function("() => document.getElementById('status').textContent === 'cancelled'")
     assert_cancelled_on_server(server, before, "txt2img")
     assert page.is_enabled("#generate") and not page.is_enabled("#cancel")
+
+
+def test_the_page_plays_the_video(browser, video_frontend):
+    with browser_page(browser, video_frontend.url, "txt2vid") as tab:
+        assert tab.is_visible("#frames") and not tab.is_visible("#image")   # img2vid's field only
+        tab.fill("#steps", "4")
+        tab.click("#generate")
+        tab.wait_for_selector("video#output", timeout=60000)
+        tab.wait_for_function("() => document.getElementById('output').readyState >= 1")   # metadata decoded
+        assert tab.evaluate("() => [output.videoWidth, output.videoHeight, output.duration]") == [64, 64, 9 / 16]
+        assert set(bar_values(tab)) == set(range(5))
