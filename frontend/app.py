@@ -54,9 +54,11 @@ def create_app(settings: Settings) -> FastAPI:
         problem = exc.errors()[0]
         where = [str(part) for part in problem.get("loc", ()) if part not in ("body", "query", "path")]
         param = where[-1] if where else None
-        return invalid(param, f"{param or 'body'}: {problem.get('msg')}" + (
-            f" (got {problem['input']!r})" if problem.get("type") != "missing" and "input" in problem
-            and not isinstance(problem["input"], dict) else "")).response()
+        message = f"{param or 'body'}: {problem.get('msg')}"
+        got = problem.get("input")
+        if problem.get("type") != "missing" and got is not None and not isinstance(got, dict):
+            message += f" (got {got!r})"
+        return invalid(param, message).response()
 
     @app.get("/v1/models")
     async def models():

@@ -133,6 +133,20 @@ def cancel_mid_denoise(server, request: GenerationRequest, task: str, after_step
     assert_cancelled_on_server(server, before, task)
 
 
+def settled_scrape(metrics_url: str, quiet_s: float = 0.5, timeout: float = 30) -> dict[tuple[str, str], float]:
+    """A scrape once the inference counts stop moving: Triton counts a request when the model
+    releases it, which can come after its client already has the response (seen on a loaded host)."""
+    deadline = time.monotonic() + timeout
+    last = scrape(metrics_url)
+    while True:
+        time.sleep(quiet_s)
+        now = scrape(metrics_url)
+        counts = [{k: v for k, v in sample.items() if k[0] == "nv_inference_count"} for sample in (last, now)]
+        if counts[0] == counts[1] or time.monotonic() > deadline:
+            return now
+        last = now
+
+
 def assert_cancelled_on_server(server, before: dict, task: str) -> None:
     """Since the `before` scrape, one `<task>_stream` request was cancelled: counted once,
     the state table back to 0, no decode."""

@@ -26,7 +26,7 @@ from ditserve.client import MEDIA_OUTPUT, DitClient, GenerationRequest
 from ditserve.launcher import free_ports
 from ditserve.media import decode_mp4
 from frontend.launcher import FrontendProcess
-from helpers import assert_cancelled_on_server, scrape, wait_for_metric
+from helpers import assert_cancelled_on_server, scrape, settled_scrape, wait_for_metric
 from test_txt2img import assert_matches
 
 # The SDK warns that OpenAI's own video models are retired; this server is not OpenAI's.
@@ -199,7 +199,7 @@ def test_models_lists_what_triton_serves(client, server):
 
 
 def test_a_client_disconnect_cancels_the_generation_on_the_server(client, server, frontend):
-    before = scrape(server.metrics_url)
+    before = settled_scrape(server.metrics_url)
     stream = client.images.generate(prompt="a slow cat", size="64x64", stream=True,
                                     extra_body={"num_inference_steps": 100})
     for event in stream:
@@ -208,7 +208,7 @@ def test_a_client_disconnect_cancels_the_generation_on_the_server(client, server
             break
     assert_cancelled_on_server(server, before, "txt2img")
 
-    before = scrape(server.metrics_url)   # the same without streaming: the connection just goes away
+    before = settled_scrape(server.metrics_url)   # the same without streaming: the connection just goes away
     host, port = frontend.url.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=60)
     conn.request("POST", "/v1/images/generations", body=json.dumps({"prompt": "a slow cat", "size": "64x64",
@@ -289,7 +289,7 @@ def test_video_job_gives_the_mp4_triton_gives(video_client, wan_server):
 
 
 def test_deleting_a_running_video_job_cancels_it_on_the_server(video_client, wan_server):
-    before = scrape(wan_server.metrics_url)
+    before = settled_scrape(wan_server.metrics_url)
     job = video_client.videos.create(prompt="a long video", extra_body={"num_inference_steps": 100, "num_frames": 9})
     wait_for_job(video_client, job.id, "in_progress")
     assert video_client.videos.delete(job.id).deleted
@@ -425,7 +425,7 @@ def test_the_page_shows_progress_then_the_image(page, server):
 
 
 def test_the_page_cancel_button_cancels_on_the_server(page, server):
-    before = scrape(server.metrics_url)
+    before = settled_scrape(server.metrics_url)
     page.fill("#steps", "100")
     page.fill("#size", "256x256")
     page.click("#generate")
