@@ -14,12 +14,5 @@ if ! .venv/bin/python -c "import ditserve, pytriton, tritonclient.grpc, diffuser
     .venv/bin/pip install -q --disable-pip-version-check "$TORCH_SPEC"
     .venv/bin/pip install -q --disable-pip-version-check -e '.[server,frontend,test]'
 fi
-# tests/test_frontend.py drives the web page in Debian's chromium: Playwright's own browser
-# download cannot reach its servers from our machines. Root with apt-get only; else that test skips.
-if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
-    echo "[setup] installing Debian's chromium (for the web page test)"
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium \
-        >/dev/null; } || echo "[setup] warning: chromium did not install; the page test will skip"
-fi
 .venv/bin/python scripts/build_tiny_pipelines.py
 echo "[setup] ready: $(.venv/bin/python -c 'import torch, diffusers, tritonclient; print("torch", torch.__version__, "diffusers", diffusers.__version__)')"
