@@ -46,11 +46,33 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
     return math.inf if mse == 0 else 10 * math.log10(255.0 ** 2 / mse)
 
 
+LIST_KEYS = {"row_buckets": int, "warm_sizes": str}   # [accel] keys that hold lists: "row_buckets=2,8,16"
+
+
 def parse_accel(items: list[str]) -> dict:
     out = {}
     for item in items:
         key, _, value = item.partition("=")
-        out[key] = {"true": True, "false": False}.get(value, value)
+        if key in LIST_KEYS:
+            out[key] = [LIST_KEYS[key](v) for v in value.split(",") if v]
+        else:
+            out[key] = {"true": True, "false": False}.get(value, value)
+    return out
+
+
+def where_time_goes(before: dict, after: dict) -> dict:
+    """Between two scrapes: each model's mean compute ms per execution (Triton's counters) and
+    dit's mean engine step (ditserve_step_duration_seconds), to split a request's latency."""
+    out = {}
+    for (name, model), value in after.items():
+        if name == "nv_inference_exec_count":
+            execs = value - before.get((name, model), 0.0)
+            busy = loadgen.metric_delta(before, after, "nv_inference_compute_infer_duration_us", model)
+            if execs > 0:
+                out[f"{model}_compute_ms_per_exec"] = round(busy / execs / 1000, 2)
+                out[f"{model}_execs"] = int(execs)
+    step = loadgen.histogram_mean(before, after, "ditserve_step_duration_seconds", "dit")
+    out["dit_step_ms"] = None if step is None else round(step * 1000, 2)
     return out
 
 
@@ -102,8 +124,12 @@ def served(args, work: Path, report: dict) -> None:
                 media[seed] = client.generate(request(args, seed), timeout_s=600).media
             return (time.perf_counter() - start) * 1000
 
+        start_scrape = loadgen.scrape(server.metrics_url)
         report["first_request_ms"] = round(one(1), 1)
+        first_scrape = loadgen.scrape(server.metrics_url)
+        report["first_request_split"] = where_time_goes(start_scrape, first_scrape)
         solo = [one(1) for _ in range(args.solo)]
+        report["solo_split"] = where_time_goes(first_scrape, loadgen.scrape(server.metrics_url))
         report["solo_ms"] = [round(x, 1) for x in solo]
         report["solo_p50_ms"] = round(statistics.median(solo), 1)
         raw_media = np.load(work / "raw_seed1.npy")
@@ -135,8 +161,7 @@ def served(args, work: Path, report: dict) -> None:
         after = loadgen.scrape(server.metrics_url)
         report["metrics"] = {f"{name}{{{model}}}": value for (name, model), value in after.items()
                              if name.startswith(("ditserve_accel", "ditserve_compiled", "ditserve_eager"))}
-        steps = loadgen.histogram_mean(before, after, "ditserve_step_duration_seconds", "dit")
-        report["step_ms_under_load"] = None if steps is None else round(steps * 1000, 2)
+        report["split_under_load"] = where_time_goes(before, after)
     finally:
         server.stop()
         report["server_log_tail"] = server.log_tail(40)

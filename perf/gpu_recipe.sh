@@ -322,11 +322,12 @@ stage_video() {
 # same call): ACCEL_ROWS picks them, in order. Each row's JSON and server log land in $OUT/accel.tgz
 # after every row, so a call that runs out of time keeps the finished ones.
 accel_row() {
-    local common=(--out "$WORK/accel" --accel ${ACCEL_SETTINGS:-transformer=cuda_graphs})
+    local common=(--out "$WORK/accel" --accel ${ACCEL_SETTINGS:-transformer=cuda_graphs vae_decode=compile text_encoder=compile})
     case "$1" in
         pixart512)  model_ready || stage_build || return $?
                     "$PY" perf/accel_bench.py --deployment "$DEPLOYMENT" --name pixart512 --size 512x512 --steps 20 \
-                        --capacity 16 --raw-batches 8,16 --concurrency 16 --per-client 3 "${common[@]}" ;;
+                        --capacity 8 --raw-batches 8,16 --concurrency 16 --per-client 3 "${common[@]}" \
+                        ${ACCEL_512_BUCKETS:-row_buckets=2,8,16} ;;
         pixart1024) model_ready || stage_build || return $?
                     "$PY" perf/accel_bench.py --deployment "$DEPLOYMENT" --name pixart1024 --size 1024x1024 --steps 20 \
                         --capacity 4 --raw-batches 4 --raw-runs 3 --solo 4 --concurrency 4 --per-client 2 \

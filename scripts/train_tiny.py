@@ -248,7 +248,9 @@ def save(parts: Parts, ema: dict[str, torch.nn.Module], out: Path) -> None:
         tokenizer=parts.tokenizer, text_encoder=ema["text_encoder"].cpu(), vae=parts.vae.cpu(),
         transformer=ema["transformer"].cpu(), scheduler=DPMSolverMultistepScheduler(**PIXART_SIGMA_SCHEDULER_CONFIG),
     )
-    pipe.save_pretrained(out, safe_serialization=True)
+    # Stored in float16 (every weight is far inside its range): half the size in git; a deployment
+    # loads them in its own dtype.
+    pipe.to(dtype=torch.float16).save_pretrained(out, safe_serialization=True)
     print(f"[save] {out} ({dir_size(out) / 2**20:.2f} MiB)", flush=True)
 
 

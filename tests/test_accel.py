@@ -94,7 +94,7 @@ def test_compiled_vae_decode_equals_eager(tmp_path):
                                accel={"vae_decode": "compile", "compile_backend": "eager", "warm_sizes": ["64x64"]})
     eager = adapter_for(deployment.model.family)(load_deployment(BASE), "vae_decode")
     compiled = adapter_for(deployment.model.family)(deployment, "vae_decode")
-    assert compiled.warm_up().variants == ["64x64"]
+    assert compiled.warm_up().variants == ["64x64 x 2", "64x64 x 1"]   # the dynamic batch, and 1
     latents = torch.randn(2, 4, 8, 8, generator=torch.Generator().manual_seed(0))
     assert torch.equal(compiled.decode(latents)[0], eager.decode(latents)[0])
     assert compiled.stage_runner.calls == {"compiled": 1, "eager": 0}

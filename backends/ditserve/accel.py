@@ -7,8 +7,9 @@ every *warm* shape (deployment `warm_sizes`) is compiled and captured while the 
 before Triton reports READY. A shape that was not warmed runs eager: the request path never
 compiles. Padding repeats the last real row, so padded rows are finite and are dropped.
 
-`WarmCompiled` is the one mechanism; `TransformerRunner` adds the buckets for dit, and
-`warm_attribute` puts it in front of the text encoder's forward and the VAE's decode.
+`WarmCompiled` is the one compile mechanism; `TransformerRunner` adds the buckets for dit (and,
+with `cuda_graphs`, one captured CUDA graph per bucket, `BucketGraph`), and `warm_attribute`
+puts it in front of the text encoder's forward and the VAE's decode.
 """
 from __future__ import annotations
 
@@ -70,18 +71,13 @@ class WarmCompiled:
 
     The batch dimension (dim 0 of every tensor argument) is marked dynamic so that one compile
     may serve every batch size of a shape (it does on CPU; on the H200 inductor still compiled
-    each bucket apart, perf/results/2026-12-01-h200-accel.md). With CUDA graphs (mode
-    "reduce-overhead") torch records one graph per batch size, and a graph's outputs are
-    overwritten by its next replay, so they are cloned before they leave.
+    each bucket apart, perf/results/2026-12-01-h200-accel.md).
     """
 
-    def __init__(self, fn: Callable, accel: AccelSection, graphs: bool):
+    def __init__(self, fn: Callable, accel: AccelSection):
         configure_compiler(accel)
         self.eager = fn
-        # A mode is inductor's; other backends take none (and capture no graphs).
-        mode = "reduce-overhead" if graphs and accel.compile_backend == "inductor" else None
-        self.graphs = mode is not None
-        self.compiled = torch.compile(fn, backend=accel.compile_backend, mode=mode)
+        self.compiled = torch.compile(fn, backend=accel.compile_backend)
         self.warm: set[tuple] = set()
         self._warming = False
         self.calls = {"compiled": 0, "eager": 0}
@@ -94,16 +90,12 @@ class WarmCompiled:
         for _, t in _tensors(args, kwargs):
             if t.ndim:
                 torch._dynamo.maybe_mark_dynamic(t, 0)
-        runs = 3 if self._warming and self.graphs else 1   # CUDA graphs: warm-up run, record, replay
-        for _ in range(runs):
-            if self.graphs:
-                torch.compiler.cudagraph_mark_step_begin()
-            out = self.compiled(*args, **kwargs)
+        out = self.compiled(*args, **kwargs)
         if self._warming:
             self.warm.add(sig)
         else:
             self.calls["compiled"] += 1
-        return _clone(out) if self.graphs else out
+        return out
 
     @contextlib.contextmanager
     def warming(self) -> Iterator[None]:
@@ -115,18 +107,51 @@ class WarmCompiled:
             self._warming = False
 
 
-def _clone(out: Any) -> Any:
-    if isinstance(out, torch.Tensor):
-        return out.clone()
-    if isinstance(out, (tuple, list)):
-        return type(out)(_clone(o) for o in out)
-    return out
-
-
 def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
     """`t` with its last row repeated up to `rows` rows (finite, like a real row)."""
     extra = rows - t.shape[0]
     return t if extra == 0 else torch.cat([t, t[-1:].expand(extra, *t.shape[1:])])
+
+
+def _flat(latents: torch.Tensor, timesteps: torch.Tensor, cond: TextConditioning) -> list[torch.Tensor]:
+    return [latents, timesteps, cond.embeds, cond.mask, *(cond.extra[k] for k in sorted(cond.extra))]
+
+
+def _unflat(tensors: list[torch.Tensor], names: list[str]) -> tuple:
+    latents, timesteps, embeds, mask, *extra = tensors
+    return latents, timesteps, TextConditioning(embeds, mask, dict(zip(names, extra)))
+
+
+class BucketGraph:
+    """One row bucket's compiled forward captured in a CUDA graph, over static input buffers.
+
+    Replaying skips everything on the host that a compiled call still does per step (dynamo's
+    guards, the wrapper code, one launch per kernel): what a launch-bound step costs. A call
+    copies its rows into the buffers (padding rows repeat the last real one), replays, and
+    clones its rows of the output: the next replay overwrites it. Graphs share one memory
+    pool; the largest bucket is captured first, so its pool serves the smaller ones.
+    """
+
+    def __init__(self, forward: Callable, inputs: list[torch.Tensor], names: list[str], pool: Any):
+        self.names = names
+        self.static = [t.clone() for t in inputs]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            forward(*_unflat(self.static, names))   # compiled and run once outside the capture
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.out = forward(*_unflat(self.static, names))
+
+    def __call__(self, inputs: list[torch.Tensor]) -> torch.Tensor:
+        rows = inputs[0].shape[0]
+        for buffer, t in zip(self.static, inputs):
+            buffer[:rows].copy_(t)
+            if rows < buffer.shape[0]:
+                buffer[rows:].copy_(t[-1:].expand(buffer.shape[0] - rows, *t.shape[1:]))
+        self.graph.replay()
+        return self.out[:rows].clone()
 
 
 class TransformerRunner:
@@ -134,32 +159,43 @@ class TransformerRunner:
 
     def __init__(self, forward: Callable, accel: AccelSection, capacity: int, device: torch.device):
         self.buckets = accel.buckets(capacity)
-        graphs = accel.transformer == "cuda_graphs" and device.type == "cuda"
-        self.compiled = None if accel.transformer == "eager" else WarmCompiled(forward, accel, graphs)
+        self.compiled = None if accel.transformer == "eager" else WarmCompiled(forward, accel)
+        # CUDA graphs: (signature, bucket) -> its captured graph; on a CPU device, compiled only.
+        self.graphs: dict[tuple, BucketGraph] | None = (
+            {} if accel.transformer == "cuda_graphs" and device.type == "cuda" else None)
+        self._pool = torch.cuda.graph_pool_handle() if self.graphs is not None else None
         self.eager = forward
         self._warming = False
         self._eager_calls = 0
+        self._graph_calls = 0
         self.warm_seconds: dict[int, float] = {}   # bucket -> seconds its last warm-up took
 
     def __call__(self, latents: torch.Tensor, timesteps: torch.Tensor, cond: TextConditioning) -> torch.Tensor:
-        rows = latents.shape[0]
+        rows, sig = latents.shape[0], signature((latents, timesteps, cond), {})
         bucket = next((b for b in self.buckets if b >= rows), None)
-        warm = self.compiled is not None and signature((latents, timesteps, cond), {}) in self.compiled.warm
+        warm = self.compiled is not None and sig in self.compiled.warm
         if bucket is None or not (warm or self._warming):
             self._eager_calls += 1
             return self.eager(latents, timesteps, cond)
         # Warming compiles and captures every bucket (the largest first: its memory pool then
         # serves the smaller graphs); serving runs the one bucket that fits.
+        names, inputs = sorted(cond.extra), _flat(latents, timesteps, cond)
+        if self.graphs is not None and not self._warming:
+            self._graph_calls += 1
+            return self.graphs[(sig, bucket)](inputs)
         for size in (reversed([b for b in self.buckets if b >= rows]) if self._warming else [bucket]):
             start = time.monotonic()
-            padded = TextConditioning(_pad_rows(cond.embeds, size), _pad_rows(cond.mask, size),
-                                      {name: _pad_rows(t, size) for name, t in cond.extra.items()})
-            out = self.compiled(_pad_rows(latents, size), _pad_rows(timesteps, size), padded)
-            if self._warming:   # where warm-up time goes: the first bucket compiles, the rest capture
+            padded = [_pad_rows(t, size) for t in inputs]
+            if self.graphs is not None:   # warming: compile, then capture this bucket
+                self.graphs[(sig, size)] = BucketGraph(self.compiled, padded, names, self._pool)
+                out = self.graphs[(sig, size)](inputs)
+            else:
+                out = self.compiled(*_unflat(padded, names))[:rows]
+            if self._warming:   # where warm-up time goes, per bucket
                 if torch.cuda.is_available():
                     torch.cuda.synchronize()
                 self.warm_seconds[size] = round(time.monotonic() - start, 1)
-        return out[:rows]
+        return out
 
     @contextlib.contextmanager
     def warming(self, report: WarmupReport, variant: str) -> Iterator[None]:
@@ -180,7 +216,7 @@ class TransformerRunner:
     def calls(self) -> dict[str, int]:
         """Forwards run so far by path (warm-up excluded)."""
         compiled = self.compiled.calls["compiled"] if self.compiled is not None else 0
-        return {"compiled": compiled, "eager": self._eager_calls}
+        return {"compiled": compiled + self._graph_calls, "eager": self._eager_calls}
 
 
 @contextlib.contextmanager
@@ -197,7 +233,7 @@ def _measure(report: WarmupReport) -> Iterator[None]:
 
 def warm_attribute(owner: Any, name: str, accel: AccelSection) -> WarmCompiled:
     """Put a WarmCompiled in front of `owner.name` (the text encoder's forward, the VAE's decode)."""
-    runner = WarmCompiled(getattr(owner, name), accel, graphs=False)
+    runner = WarmCompiled(getattr(owner, name), accel)
     setattr(owner, name, runner)
     return runner
 

@@ -111,8 +111,8 @@ STAGE_ACCEL = ("eager", "compile")
 class AccelSection:
     """How the forwards run (ditserve/accel.py). All off by default: eager PyTorch, as diffusers.
 
-    transformer  eager | compile (torch.compile) | cuda_graphs (torch.compile, mode
-                 "reduce-overhead": one CUDA graph per row bucket; GPU only, eager kernels on CPU)
+    transformer  eager | compile (torch.compile) | cuda_graphs (torch.compile, then one CUDA
+                 graph captured per row bucket and warm shape; GPU only: compile alone on CPU)
     row_buckets  a step batch of n rows (CFG: 2 per request) runs padded to the smallest bucket
                  >= n, so the compiled forward meets few shapes; empty = powers of two from 2
                  up to 2 x [engine] capacity (a lone row pads to 2: one compile then serves all)

@@ -114,8 +114,12 @@ class FamilyAdapter(ABC):
                 with self.run_forward.warming(report, size):
                     self.denoise([state])
             elif self.stage == "vae_decode":
-                with warming(self.stage_runner, report, size):
-                    self.decode(torch.zeros(self.latent_shape(params), device=self.device))
+                # Dynamic batching hands the decode 1..N latents: a batch of 2 compiles the dynamic
+                # graph that serves 2..N, a batch of 1 its special case (dynamo specialises size 1).
+                latents = torch.zeros(self.latent_shape(params), device=self.device)
+                for rows in (2, 1):
+                    with warming(self.stage_runner, report, f"{size} x {rows}"):
+                        self.decode(torch.cat([latents] * rows))
         if self.stage == "text_encoder":
             for rows in (2, 1):   # with and without CFG: one dynamic compile, and the size-1 special case
                 with warming(self.stage_runner, report, f"{rows} texts"):
