@@ -18,7 +18,7 @@ from tritonclient.utils import InferenceServerException
 from conftest import diffusers_video
 from ditserve.client import DitClient, GenerationRequest
 from ditserve.media import decode_mp4
-from helpers import cancel_mid_denoise, grpc_inputs, run_staggered_batched
+from helpers import cancel_mid_denoise, grpc_inputs, run_staggered_batched, scrape
 
 TOLERANCE = 1
 LUMA_TOLERANCE = 4.0   # mean |luma| levels after an MP4 round trip (measured 2.8 on the tiny model)
@@ -141,3 +141,19 @@ def test_image_models_reject_video_inputs(server):
     with grpcclient.InferenceServerClient(server.grpc_url) as client:
         with pytest.raises(InferenceServerException, match="num_frames"):
             client.infer("txt2img", grpc_inputs(GenerationRequest("x", num_inference_steps=1, num_frames=9)))
+
+
+def test_fast_tier_reuses_steps_and_a_lossless_video_beside_it_stays_exact(wan_server):
+    """Quality tiers on Wan (its block list cached per request, ditserve/cache.py): a `fast`
+    request says how many steps it reused; a `lossless` request step-batched with `fast` ones
+    matches its solo result as plain step batching does (the exact half: tests/test_cache.py)."""
+    lossless = video("a paper boat", seed=5, num_inference_steps=60)
+    fast = [video("a paper boat", seed=6 + i, num_inference_steps=60, quality="fast") for i in range(2)]
+    with DitClient(wan_server.grpc_url, "grpc", task="txt2vid") as client:
+        solo = client.generate(lossless)
+        fast_solo = client.generate(fast[0])
+    assert solo.cache_hits == 0 and fast_solo.cache_hits >= 1
+    hits = scrape(wan_server.metrics_url).get(("ditserve_cache_hits_total", "dit"), 0.0)
+    results = run_staggered_batched(wan_server, [fast[0], lossless, fast[1]], task="txt2vid")
+    assert scrape(wan_server.metrics_url).get(("ditserve_cache_hits_total", "dit"), 0.0) > hits
+    assert_matches(results[1][1], solo.media)

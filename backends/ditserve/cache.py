@@ -10,13 +10,18 @@ per request (its CFG rows decide together, on their mean), its cache lives in it
 blocks (`run_rest` gets only the rows that compute). A `lossless` request has no cache and
 always computes, so its rows meet exactly the ops of a plain forward.
 
-The family adapter owns the model's pieces (embedding, first block, other blocks, output);
-this module owns the decision, the per-request state and the row scatter.
+The transformer's own forward runs unchanged: `first_block_cache` stands its block list in
+for the duration of one call with a stand-in that runs the first block, decides per request and
+runs the other blocks on the rows that compute (as diffusers' hooks wrap blocks, not forwards).
+A family opts in by naming its block list (`FamilyAdapter.cache_blocks`); its blocks must take
+the hidden states first and return them alone (PixArt-Sigma's and Wan's do; FLUX.1's and SD3's
+joint blocks return the text stream too).
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -88,3 +93,56 @@ def apply_first_block_cache(first_in: torch.Tensor, first_out: torch.Tensor, cac
             cache.first_residual = residual[rows_of(i, rows)].clone()
             cache.rest_residual = computed[rows_of(position, rows)] - first_out[rows_of(i, rows)]
     return out
+
+
+def _rows(value: Any, index: torch.Tensor, total: int) -> Any:
+    """`value` at batch rows `index` if it is a tensor with one row per batch row, else as is
+    (rotary embeddings and other shared inputs have a batch dimension of 1 or none)."""
+    if isinstance(value, torch.Tensor) and value.ndim and value.shape[0] == total:
+        return value.index_select(0, index)
+    return value
+
+
+class _CachedBlocks(torch.nn.Module):
+    """Stands in for a transformer's block list during one forward: iterating it yields the
+    first block (recording its input) and then one step that applies the cache to the rest."""
+
+    def __init__(self, blocks: torch.nn.ModuleList, caches: list[RowCache | None]):
+        super().__init__()
+        object.__setattr__(self, "blocks", blocks)   # not registered: the transformer keeps owning them
+        self.caches = caches
+        self.first_in: torch.Tensor | None = None
+
+    def __iter__(self) -> Iterator[Callable]:
+        yield self._first
+        yield self._rest
+
+    def _first(self, hidden: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        self.first_in = hidden
+        return self.blocks[0](hidden, *args, **kwargs)
+
+    def _rest(self, hidden: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        total = hidden.shape[0]
+
+        def run_rest(index: torch.Tensor | None, states: torch.Tensor) -> torch.Tensor:
+            a, k = args, kwargs
+            if index is not None:
+                a = tuple(_rows(v, index, total) for v in args)
+                k = {name: _rows(v, index, total) for name, v in kwargs.items()}
+            for block in self.blocks[1:]:
+                states = block(states, *a, **k)
+            return states
+
+        return apply_first_block_cache(self.first_in, hidden, self.caches, run_rest)
+
+
+@contextlib.contextmanager
+def first_block_cache(transformer: torch.nn.Module, blocks: str, caches: list[RowCache | None]) -> Iterator[None]:
+    """Inside, `transformer`'s forward applies each request's First-Block Cache to its block
+    list `blocks` (requests of equal row count, in batch order)."""
+    original = getattr(transformer, blocks)
+    setattr(transformer, blocks, _CachedBlocks(original, caches))
+    try:
+        yield
+    finally:
+        setattr(transformer, blocks, original)

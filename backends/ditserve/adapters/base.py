@@ -28,7 +28,7 @@ import torch
 from diffusers.utils.torch_utils import randn_tensor
 
 from ..accel import TransformerRunner, WarmCompiled, WarmupReport, apply_fp8, warm_attribute, warming
-from ..cache import RowCache
+from ..cache import RowCache, first_block_cache
 from ..deployment import Deployment
 from ..schema import GenerationParams, check_params
 from ..state import RequestState, TextConditioning
@@ -69,7 +69,8 @@ class FamilyAdapter(ABC):
     pipeline_class: ClassVar[type]
     component_names: ClassVar[tuple[str, ...]]
     family: ClassVar[str]           # the deployment's [model] family (deployment.FAMILY_TASKS)
-    caches: ClassVar[bool] = False  # whether the family implements `cached_forward` (quality tiers)
+    # The transformer's block list that quality tiers cache (cache.first_block_cache); None: no tiers.
+    cache_blocks: ClassVar[str | None] = None
 
     def __init__(self, deployment: Deployment, stage: str, device: str | None = None):
         """`device` overrides the deployment's [model] device (a KIND_GPU instance's GPU)."""
@@ -85,7 +86,7 @@ class FamilyAdapter(ABC):
         self.stage = stage
         self.run_forward, self.stage_runner = self._accelerate(stage)
         self.cache_hits = 0   # steps reused by all requests so far (ditserve_cache_hits_total)
-        if stage == "dit" and deployment.cache.tiers and not self.caches:
+        if stage == "dit" and deployment.cache.tiers and self.cache_blocks is None:
             raise ValueError(f"deployment [cache] tiers: family {self.family!r} has no cached forward yet; "
                              "remove the [cache] section")
 
@@ -178,8 +179,11 @@ class FamilyAdapter(ABC):
 
     def cached_forward(self, latents: torch.Tensor, timesteps: torch.Tensor, cond: TextConditioning,
                        caches: list[RowCache | None]) -> torch.Tensor:
-        """`forward` with a First-Block Cache per request (cache.apply_first_block_cache), eager."""
-        raise NotImplementedError(f"family {self.family!r} has no cached forward")
+        """`forward` with a First-Block Cache per request over the family's `cache_blocks`, eager."""
+        if self.cache_blocks is None:
+            raise NotImplementedError(f"family {self.family!r} has no cached forward")
+        with first_block_cache(self.pipe.transformer, self.cache_blocks, caches):
+            return self.forward(latents, timesteps, cond)
 
     def check_limits(self, stage: str) -> None:
         """Fail at load time when the deployment's limits disagree with the model."""

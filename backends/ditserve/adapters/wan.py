@@ -25,6 +25,7 @@ class WanT2VAdapter(FamilyAdapter):
     family = "wan-t2v"
     # transformer_2 (Wan2.2's low-noise expert) is never kept by a stage, so it loads as None.
     component_names = ("tokenizer", "text_encoder", "transformer", "transformer_2", "vae", "scheduler")
+    cache_blocks = "blocks"   # quality tiers (cache.first_block_cache)
 
     @torch.inference_mode()
     def encode_text(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
