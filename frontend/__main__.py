@@ -14,7 +14,8 @@ import uvicorn
 from .app import Settings, create_app
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line; tests/test_k8s_manifests.py parses the pod's command with it."""
     defaults = Settings()
     p = argparse.ArgumentParser(prog="python -m frontend", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -28,9 +29,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-video-jobs", type=int, default=defaults.max_video_jobs)
     p.add_argument("--cors-origin", action="append", default=[], dest="cors_origins",
                    help="allow this origin cross-site (repeatable; default: none)")
-    args = p.parse_args(argv)
+    p.add_argument("--media-dir", help="folder of stored results served by URL (response_format url, video jobs); "
+                                       "default: a new temporary folder, removed at exit")
+    p.add_argument("--media-max-files", type=int, default=defaults.media_max_files,
+                   help="most stored files; the oldest go first")
+    p.add_argument("--media-max-bytes", type=int, default=defaults.media_max_bytes,
+                   help="most bytes of stored files; the oldest go first")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     settings = Settings(args.triton_url, args.api_key, args.max_n, args.max_body_bytes, args.max_video_jobs,
-                        args.cors_origins)
+                        args.cors_origins, args.media_dir, args.media_max_files, args.media_max_bytes)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not settings.api_key:
         print(f"[frontend] warning: listening on {args.host} without an API key", file=sys.stderr)
     print(f"[frontend] page and API on http://{args.host}:{args.port}/ (tritonserver gRPC {args.triton_url})",

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import hmac
+import shutil
+import sys
+import tempfile
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,9 +14,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse
 
-from . import images, videos
+from . import images, media, videos
 from .errors import APIError, invalid
 from .gateway import TritonGateway
+from .media import MediaStore
 
 STATIC = Path(__file__).resolve().parent / "static"
 # The page's own script and style are inline; images and videos arrive as data:/blob: URLs.
@@ -31,19 +35,29 @@ class Settings:
     max_body_bytes: int = 16 * 2**20        # request bodies above this are refused (413)
     max_video_jobs: int = 32
     cors_origins: list[str] = field(default_factory=list)   # none: no cross-origin access
+    media_dir: str | None = None            # stored results (response_format url, video jobs); None: a temp dir
+    media_max_files: int = 1000             # the store keeps the newest files within both bounds
+    media_max_bytes: int = 2 * 2**30
 
 
 def create_app(settings: Settings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         app.state.gateway = TritonGateway(settings.triton_url)   # its gRPC channel needs the server's loop
+        # Without --media-dir the files are this process's alone: a new temporary folder, removed at exit.
+        media_dir = settings.media_dir or tempfile.mkdtemp(prefix="ditserve-media-")
+        app.state.media = MediaStore(media_dir, settings.media_max_files, settings.media_max_bytes)
+        app.state.video_jobs = videos.VideoJobs(settings.max_video_jobs, app.state.media)
+        print(f"[frontend] stored results (response_format url, video jobs) in {media_dir}", file=sys.stderr,
+              flush=True)
         yield
         await app.state.gateway.close()
+        if settings.media_dir is None:
+            shutil.rmtree(media_dir, ignore_errors=True)
 
     app = FastAPI(title="ditserve OpenAI-compatible front end", docs_url=None, redoc_url=None, openapi_url=None,
                   lifespan=lifespan)
     app.state.settings = settings
-    app.state.video_jobs = videos.VideoJobs(settings.max_video_jobs)
 
     @app.exception_handler(APIError)
     async def api_error(_request: Request, exc: APIError):
@@ -84,6 +98,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     app.include_router(images.router)
     app.include_router(videos.router)
+    app.include_router(media.router)
     # Starlette runs the middleware added last first: the size limit, then the key, then CORS.
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST", "DELETE"],

@@ -34,6 +34,7 @@ class Final:
     seed: int
     image: np.ndarray | None = None   # txt2img: uint8 [H, W, 3]
     mp4: bytes | None = None          # videos: H.264 in MP4
+    cache_hits: int = 0               # denoise steps the request's `quality` tier reused
 
 
 class TritonGateway:
@@ -67,7 +68,7 @@ class TritonGateway:
     async def generate(self, task: str, request: GenerationRequest) -> AsyncIterator[Progress | Final]:
         """One `Progress` per denoise step, then one `Final`; an `APIError` on failure."""
         media = "video_mp4" if task != "txt2img" else MEDIA_OUTPUT[task]
-        outputs = [grpcaio.InferRequestedOutput(name) for name in (media, "seed", "progress")]
+        outputs = [grpcaio.InferRequestedOutput(name) for name in (media, "seed", "progress", "cache_hits")]
         sent = asyncio.Event()   # keeps the request side of the stream open until the result came
 
         async def requests():
@@ -88,8 +89,9 @@ class TritonGateway:
                     continue
                 finished = True
                 value = result.as_numpy(media)
-                seed = int(result.as_numpy("seed")[0])
-                yield Final(seed, mp4=bytes(value.reshape(-1)[0])) if task != "txt2img" else Final(seed, image=value)
+                seed, hits = (int(result.as_numpy(name)[0]) for name in ("seed", "cache_hits"))
+                yield Final(seed, mp4=bytes(value.reshape(-1)[0]), cache_hits=hits) if task != "txt2img" \
+                    else Final(seed, image=value, cache_hits=hits)
                 return
             raise APIError(502, f"{task}_stream ended without a result", type="server_error")
         except grpc.aio.AioRpcError as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import base64
 import io
 import time
+from functools import partial
 from typing import Literal
 
 import numpy as np
@@ -13,9 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ditserve.client import GenerationRequest
 
-from .errors import invalid
 from .gateway import Final, Progress
-from .requests import check_n, choose_model, one_per_image, parse_size, size_text
+from .media import stored_url
+from .requests import cache_tier, check_n, choose_model, one_per_image, parse_size, size_text
 from .streams import collect, event_stream, merged, unless_disconnected
 
 router = APIRouter()
@@ -38,49 +39,57 @@ class ImageGenerationBody(BaseModel):
     num_inference_steps: int | None = None
     guidance_scale: float | None = None
     negative_prompt: str | None = None
+    quality: str | None = None           # the deployment's cache tier (docs/cache.md); `auto`: its default
 
     def generation(self) -> GenerationRequest:
         height, width = parse_size(self.size)
         return GenerationRequest(self.prompt, self.negative_prompt, height, width, self.num_inference_steps,
-                                 self.guidance_scale, self.seed)
+                                 self.guidance_scale, self.seed, quality=cache_tier(self.quality))
 
 
-def png_b64(image: np.ndarray) -> str:
+def png_bytes(image: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(image).save(buffer, format="PNG")
-    return base64.b64encode(buffer.getvalue()).decode("ascii")
+    return buffer.getvalue()
 
 
-def image_data(final: Final) -> dict:
-    return {"b64_json": png_b64(final.image), "revised_prompt": None, "seed": final.seed}
+async def image_data(final: Final, formats: set[str], request: Request) -> dict:
+    """One item of `data`: the PNG in each of `formats` (`b64_json`, `url`), plus the `seed` used
+    and the steps its quality tier reused."""
+    png = png_bytes(final.image)
+    item = {"url": await stored_url(request, png, ".png")} if "url" in formats else {}
+    if "b64_json" in formats:
+        item["b64_json"] = base64.b64encode(png).decode("ascii")
+    return {**item, "revised_prompt": None, "seed": final.seed, "cache_hits": final.cache_hits}
 
 
 @router.post("/v1/images/generations")
 async def generate_images(body: ImageGenerationBody, request: Request):
     app = request.app.state
-    if body.response_format == "url":
-        raise invalid("response_format", "response_format 'url' is not supported: this server stores no images; "
-                                         "use 'b64_json'")
     check_n(body.n, app.settings.max_n)
     task = choose_model(body.model, await app.gateway.served_tasks(), ("txt2img",), "txt2img")
     await app.gateway.check_ready(task)
     requests = one_per_image(body.generation(), body.n)
     created = int(time.time())
-    if body.stream:
-        return await event_stream(merged(app.gateway, task, requests), _render_event)
+    if body.stream:   # OpenAI streams the PNG in b64_json; `url` adds a link to the stored file
+        render = partial(_render_event, formats={"b64_json", body.response_format or "b64_json"},
+                         quality=body.quality or "auto", request=request)
+        return await event_stream(merged(app.gateway, task, requests), render)
     finals = await unless_disconnected(request, collect(app.gateway, task, requests))
-    return {"created": created, "data": [image_data(f) for f in finals], "output_format": "png",
-            "size": size_text(*finals[0].image.shape[:2])}
+    formats = {body.response_format or "b64_json"}
+    return {"created": created, "data": [await image_data(f, formats, request) for f in finals],
+            "output_format": "png", "size": size_text(*finals[0].image.shape[:2]), "quality": body.quality or "auto"}
 
 
-def _render_event(index: int, event: Progress | Final) -> tuple[str, dict]:
+async def _render_event(index: int, event: Progress | Final, formats: set[str], quality: str,
+                        request: Request) -> tuple[str, dict]:
     """SSE: `image_generation.progress` per denoise step of each image, then its
-    `image_generation.completed` (the shape OpenAI streams, plus `index` and `seed`)."""
+    `image_generation.completed` (the shape OpenAI streams, plus `index`, `seed`, `cache_hits`
+    and `url` when asked for)."""
     now = int(time.time())
     if isinstance(event, Progress):
         return "image_generation.progress", {"index": index, "step": event.done, "total_steps": event.total,
                                              "created_at": now}
-    height, width = event.image.shape[:2]
     return "image_generation.completed", {
-        "index": index, "b64_json": png_b64(event.image), "seed": event.seed, "created_at": now,
-        "size": size_text(height, width), "output_format": "png", "background": "opaque", "quality": "auto"}
+        "index": index, **await image_data(event, formats, request), "created_at": now,
+        "size": size_text(*event.image.shape[:2]), "output_format": "png", "background": "opaque", "quality": quality}

@@ -30,6 +30,13 @@ def size_text(height: int, width: int) -> str:
     return f"{width}x{height}"
 
 
+def cache_tier(quality: str | None) -> str | None:
+    """OpenAI's `quality` as the server's cache tier (docs/cache.md). `auto`, OpenAI's default,
+    leaves the deployment's default (lossless); any other value goes to the server, whose
+    validation names the tiers it enables."""
+    return None if quality in (None, "", "auto") else quality
+
+
 def check_n(n: int, max_n: int) -> None:
     if not 1 <= n <= max_n:
         raise invalid("n", f"n={n} is out of range; allowed [1, {max_n}] (the front end's --max-n)")

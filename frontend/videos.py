@@ -6,9 +6,9 @@
 - `POST /v1/videos/sync` answers the MP4 itself, or with `stream=true` SSE progress
   events and then the MP4 in base64.
 
-`input_reference` (an image file) makes it img2vid. Jobs and their MP4s live in this
-process's memory, at most `--max-video-jobs` of them (finished ones are dropped oldest
-first), so a restart forgets them.
+`input_reference` (an image file) makes it img2vid. Jobs live in this process's memory,
+at most `--max-video-jobs` of them (finished ones are dropped oldest first), so a restart
+forgets them; their MP4s are files of the media store (frontend/media.py), bounded apart.
 """
 from __future__ import annotations
 
@@ -20,17 +20,19 @@ import uuid
 from collections import OrderedDict
 from contextlib import suppress
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 from fastapi import APIRouter, Depends, Form, Request, UploadFile
-from fastapi.responses import Response
+from fastapi.responses import FileResponse, Response
 from PIL import Image, UnidentifiedImageError
 
 from ditserve.client import GenerationRequest
 
 from .errors import APIError, invalid
 from .gateway import Final, Progress, TritonGateway
-from .requests import choose_model, frames_for_seconds, parse_size
+from .media import MediaStore, stored_url
+from .requests import cache_tier, choose_model, frames_for_seconds, parse_size
 from .streams import collect, event_stream, merged, unless_disconnected
 
 router = APIRouter()
@@ -51,6 +53,7 @@ class VideoForm:
     guidance_scale: float | None = Form(None)
     seed: int | None = Form(None, ge=0)
     negative_prompt: str | None = Form(None)
+    quality: str | None = Form(None)       # the deployment's cache tier (docs/cache.md); `auto`: its default
     user: str | None = Form(None)          # accepted, unused
     input_reference: UploadFile | None = None
 
@@ -63,7 +66,7 @@ class VideoForm:
         image = await _read_image(self.input_reference) if self.input_reference else None
         return self.model, GenerationRequest(self.prompt, self.negative_prompt, height, width,
                                              self.num_inference_steps, self.guidance_scale, self.seed, frames,
-                                             self.fps, "mp4", image)
+                                             self.fps, "mp4", image, cache_tier(self.quality))
 
     def seconds_text(self, request: GenerationRequest) -> str:
         if request.num_frames and request.fps:
@@ -103,7 +106,7 @@ class VideoJob:
     completed_at: int | None = None
     error: dict | None = None
     seed: int | None = None
-    mp4: bytes | None = None
+    media: str | None = None        # the MP4's name in the media store, once completed
     runner: asyncio.Task | None = None
 
     def record(self) -> dict:
@@ -118,10 +121,11 @@ class VideoJob:
 
 
 class VideoJobs:
-    """The jobs of this process, oldest first; at most `limit` kept."""
+    """The jobs of this process, oldest first; at most `limit` kept. A job dropped or deleted
+    takes its MP4 out of the media store."""
 
-    def __init__(self, limit: int):
-        self.limit = limit
+    def __init__(self, limit: int, store: MediaStore):
+        self.limit, self.store = limit, store
         self.jobs: OrderedDict[str, VideoJob] = OrderedDict()
 
     def add(self, job: VideoJob) -> None:
@@ -130,8 +134,14 @@ class VideoJobs:
             if not finished:
                 raise APIError(429, f"{self.limit} video jobs are running (--max-video-jobs); retry later",
                                type="rate_limit_error", code="too_many_jobs")
-            del self.jobs[finished[0]]
+            self._forget(finished[0])
         self.jobs[job.id] = job
+
+    def _forget(self, video_id: str) -> VideoJob:
+        job = self.jobs.pop(video_id)
+        if job.media:
+            self.store.remove(job.media)
+        return job
 
     def get(self, video_id: str) -> VideoJob:
         if video_id not in self.jobs:
@@ -145,11 +155,12 @@ class VideoJobs:
         except APIError as exc:
             job.status, job.error = "failed", {"code": exc.code or exc.type, "message": exc.message}
         else:
-            job.status, job.progress, job.seed, job.mp4 = "completed", 100, final.seed, final.mp4
+            job.media = await self.store.put(final.mp4, ".mp4")
+            job.status, job.progress, job.seed = "completed", 100, final.seed
         job.completed_at = int(time.time())
 
     async def delete(self, video_id: str) -> None:
-        job = self.jobs.pop(self.get(video_id).id)
+        job = self._forget(self.get(video_id).id)
         if job.runner and not job.runner.done():
             job.runner.cancel()          # cancels the generation on the server
             with suppress(asyncio.CancelledError):
@@ -184,10 +195,10 @@ async def retrieve_video(video_id: str, request: Request):
 @router.get("/v1/videos/{video_id}/content")
 async def video_content(video_id: str, request: Request):
     job = _jobs(request).get(video_id)
-    if job.mp4 is None:
+    if job.media is None:
         raise APIError(409 if job.status != "failed" else 422, f"video {video_id} is {job.status}; its content "
                        "exists once the status is 'completed'", param="video_id", code="video_not_ready")
-    return Response(job.mp4, media_type="video/mp4")
+    return FileResponse(request.app.state.media.path(job.media), media_type="video/mp4")
 
 
 @router.delete("/v1/videos/{video_id}")
@@ -197,18 +208,26 @@ async def delete_video(video_id: str, request: Request):
 
 
 @router.post("/v1/videos/sync")
-async def generate_video_sync(request: Request, form: VideoForm = Depends(), stream: bool = Form(False)):
+async def generate_video_sync(request: Request, form: VideoForm = Depends(), stream: bool = Form(False),
+                              response_format: Literal["mp4", "url"] = Form("mp4")):
+    """The MP4 as the body (`response_format=mp4`), or `{"url", "seed", ...}` with a link to the
+    stored file (`url`); with `stream=true`, SSE ending in the MP4 in base64."""
     task, generation = await _task_and_request(form, request)
     gateway = request.app.state.gateway
     if stream:
         return await event_stream(merged(gateway, task, [generation]), _render_event)
     [final] = await unless_disconnected(request, collect(gateway, task, [generation]))
-    return Response(final.mp4, media_type="video/mp4", headers={"X-Seed": str(final.seed)})
+    if response_format == "url":
+        return {"created": int(time.time()), "url": await stored_url(request, final.mp4, ".mp4"), "seed": final.seed,
+                "cache_hits": final.cache_hits, "output_format": "mp4"}
+    return Response(final.mp4, media_type="video/mp4",
+                    headers={"X-Seed": str(final.seed), "X-Cache-Hits": str(final.cache_hits)})
 
 
-def _render_event(_index: int, event: Progress | Final) -> tuple[str, dict]:
+async def _render_event(_index: int, event: Progress | Final) -> tuple[str, dict]:
     now = int(time.time())
     if isinstance(event, Progress):
         return "video_generation.progress", {"step": event.done, "total_steps": event.total, "created_at": now}
     return "video_generation.completed", {"b64_json": base64.b64encode(event.mp4).decode("ascii"),
-                                          "seed": event.seed, "created_at": now, "output_format": "mp4"}
+                                          "seed": event.seed, "cache_hits": event.cache_hits, "created_at": now,
+                                          "output_format": "mp4"}

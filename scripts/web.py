@@ -1,11 +1,13 @@
 #!/usr/bin/env python
 """Start tritonserver and the OpenAI-compatible front end together; Ctrl-C stops both.
 
-    python scripts/web.py                      # the embedded tiny PixArt; open the printed address
-    python scripts/web.py --deployment configs/tiny-wan-t2v.toml --model-repository /tmp/wan-repo
+    python scripts/web.py                      # the trained tiny PixArt (as the quickstart); open the printed address
+    python scripts/web.py --deployment configs/tiny-wan-t2v.toml      # videos, on the tiny Wan2.1
 
-Everything binds to 127.0.0.1. Logs: outputs/web-server.log (Triton), outputs/web-frontend.log.
-Extra arguments after `--` go to the front end (`python -m frontend --help`).
+The repository is rendered for the deployment into outputs/web-repo (unless
+--model-repository names one). Everything binds to 127.0.0.1. Logs: outputs/web-server.log
+(Triton), outputs/web-frontend.log. Extra arguments after `--` go to the front end
+(`python -m frontend --help`).
 """
 from __future__ import annotations
 
@@ -18,22 +20,35 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "backends"))
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+from ditserve.deployment import load_deployment  # noqa: E402
 from ditserve.launcher import ServerOptions, TritonServer  # noqa: E402
 from frontend.launcher import FrontendProcess  # noqa: E402
+from render_repository import render  # noqa: E402
+
+# The model a person should see a picture from: the quickstart's (docs/tiny-model.md).
+DEPLOYMENT = ROOT / "configs" / "tiny-pixart-shapes.toml"
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--deployment", help="deployment TOML (default: the tiny PixArt pipeline)")
-    p.add_argument("--model-repository", type=Path, default=ServerOptions.model_repository)
+    p.add_argument("--deployment", type=Path, default=DEPLOYMENT,
+                   help="deployment TOML (default: the trained tiny PixArt-Sigma, configs/tiny-pixart-shapes.toml)")
+    p.add_argument("--model-repository", type=Path,
+                   help="a repository rendered for the deployment (default: rendered into outputs/web-repo)")
     p.add_argument("--port", type=int, default=8080, help="the front end's port (page and API)")
     p.add_argument("--grpc-port", type=int, default=8001)
     p.add_argument("frontend_args", nargs="*", help="after --: more options for python -m frontend")
     args = p.parse_args(argv)
     logs = ROOT / "outputs"
     logs.mkdir(exist_ok=True)
-    options = ServerOptions(args.model_repository, grpc_port=args.grpc_port, deployment=args.deployment)
-    print(f"[web] starting tritonserver (log: {logs / 'web-server.log'})", file=sys.stderr, flush=True)
+    repository = args.model_repository
+    if repository is None:
+        repository = logs / "web-repo"
+        render(ROOT / "model_repository", repository, load_deployment(args.deployment))
+    options = ServerOptions(repository, grpc_port=args.grpc_port, deployment=str(args.deployment))
+    print(f"[web] starting tritonserver on {args.deployment} (log: {logs / 'web-server.log'})", file=sys.stderr,
+          flush=True)
     with TritonServer(options, log_path=logs / "web-server.log") as server:
         server.wait_ready(timeout_s=600, progress=True)
         with FrontendProcess(server.grpc_url, args.port, args.frontend_args, log_path=logs / "web-frontend.log") as fe:

@@ -1,11 +1,15 @@
 """The OpenAI-compatible front end (frontend/): the real `openai` SDK against a real front-end
 process and a real tritonserver (tiny pipelines).
 
-One front end per Triton server of the session (images, and the Wan servers for videos),
-plus one pointed at a port where nothing listens (Triton down).
+Images are served from the trained tiny PixArt-Sigma, the model scripts/web.sh serves, whose
+deployment enables the cache tiers `balanced` and `fast` (input `quality`). One front end per
+Triton server (images, and the session's Wan servers for videos), plus one pointed at a port
+where nothing listens (Triton down). The media store's bounds are tested on a folder, without
+a server.
 """
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import http.client
@@ -25,8 +29,11 @@ from conftest import diffusers_image
 from ditserve.client import MEDIA_OUTPUT, DitClient, GenerationRequest
 from ditserve.launcher import free_ports
 from ditserve.media import decode_mp4
+from frontend.errors import APIError
 from frontend.launcher import FrontendProcess
+from frontend.media import MediaStore
 from helpers import assert_cancelled_on_server, scrape, settled_scrape, wait_for_metric
+from test_shapes_model import diffusers_shapes, shapes_server  # noqa: F401  (module-scoped: a server for this module)
 from test_txt2img import assert_matches
 
 # The SDK warns that OpenAI's own video models are retired; this server is not OpenAI's.
@@ -38,6 +45,12 @@ BODY_LIMIT = 65536
 def start_frontend(triton_url: str, tmp_path_factory, name: str, *args: str) -> FrontendProcess:
     log = tmp_path_factory.mktemp(name) / "frontend.log"
     return FrontendProcess(triton_url, free_ports(1)[0], list(args), log_path=log).start()
+
+
+@pytest.fixture(scope="module")
+def server(shapes_server):
+    """This module's image server: the trained tiny model scripts/web.sh serves, with cache tiers."""
+    return shapes_server
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +88,7 @@ def triton_media(server, task: str, request: GenerationRequest):
         return triton.generate(request)
 
 
-def test_image_equals_the_triton_image_and_diffusers(client, server, diffusers_pixart):
+def test_image_equals_the_triton_image_and_diffusers(client, server, diffusers_shapes):
     response = client.images.generate(model="txt2img", prompt="a red cat on a blue sofa", size="96x64",
                                       response_format="b64_json",
                                       extra_body={"seed": 3, "num_inference_steps": 8, "guidance_scale": 4.5})
@@ -86,7 +99,7 @@ def test_image_equals_the_triton_image_and_diffusers(client, server, diffusers_p
     same = triton_media(server, "txt2img", GenerationRequest("a red cat on a blue sofa", height=64, width=96,
                                                              num_inference_steps=8, guidance_scale=4.5, seed=3))
     assert np.array_equal(image, same.media), "the PNG carries exactly the pixels Triton's txt2img returns"
-    assert_matches(image, diffusers_image(diffusers_pixart, "a red cat on a blue sofa", 3, 8, 4.5, 64, 96))
+    assert_matches(image, diffusers_image(diffusers_shapes, "a red cat on a blue sofa", 3, 8, 4.5, 64, 96))
 
 
 def test_n_images_are_n_requests_batched_stepwise(client, server):
@@ -101,7 +114,7 @@ def test_n_images_are_n_requests_batched_stepwise(client, server):
                       for name in ("ditserve_step_batch_size_count", "ditserve_step_batch_size_sum"))
     assert rows == 3 * 12 and forwards < rows, f"{rows} denoise rows in {forwards} forwards: no step was shared"
     solo = client.images.generate(prompt="a lighthouse", size="64x64", extra_body={"seed": 11, "num_inference_steps": 12})
-    assert np.array_equal(png(solo.data[0].b64_json), images[1]), "batched == solo"
+    assert_matches(images[1], png(solo.data[0].b64_json))   # batched vs solo: the step-batching tolerance
 
 
 def test_stream_sends_one_event_per_step_then_the_image(client):
@@ -139,11 +152,71 @@ def test_server_validation_message_is_passed_through_as_a_400(client, server, st
     assert exc.value.body["message"] == server_message(server, num_inference_steps=0)
 
 
+def test_a_quality_tier_reaches_triton_and_equals_its_result(client, server):
+    prompt = "a red circle on a blue background"
+    lossless, fast = (triton_media(server, "txt2img", GenerationRequest(prompt, height=64, width=64, seed=5,
+                                                                       quality=tier)) for tier in (None, "fast"))
+    assert fast.cache_hits > 0 and not np.array_equal(fast.media, lossless.media), "the tier changes the work"
+    for quality, same in (("fast", fast), ("auto", lossless)):   # OpenAI's `auto`: the deployment's default
+        [data] = client.images.generate(prompt=prompt, size="64x64", extra_body={"quality": quality, "seed": 5}).data
+        assert np.array_equal(png(data.b64_json), same.media), quality
+        assert data.model_extra["cache_hits"] == same.cache_hits, quality
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_tier_the_deployment_lacks_is_a_400_naming_quality_and_the_tiers(client, server, stream):
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.images.generate(prompt="a cat", stream=stream, extra_body={"quality": "turbo"})
+    assert exc.value.body["message"] == server_message(server, quality="turbo")
+    assert exc.value.body["param"] == "quality" and "['lossless', 'balanced', 'fast']" in exc.value.body["message"]
+
+
+def test_url_responses_download_the_b64_json_png(client, frontend):
+    # Solo requests (n=1), so that both runs take the same steps: batched rows may differ by a level.
+    args = dict(prompt="a green square on a white background", size="64x64",
+                extra_body={"seed": 8, "num_inference_steps": 6})
+    [item], [inline] = client.images.generate(response_format="url", **args).data, client.images.generate(**args).data
+    assert item.b64_json is None and item.url.startswith(frontend.url + "/v1/media/"), item.url
+    path = item.url.removeprefix(frontend.url)
+    status, headers, body = call(frontend.url, "GET", path)
+    assert status == 200 and headers["content-type"] == "image/png"
+    assert body == base64.b64decode(inline.b64_json), "the stored file is the b64_json PNG"
+    assert call(frontend.url, "GET", path, key=None)[0] == 401, "the files need the API key too"
+    # The URL is built from the request's own address (a proxy's Host header included).
+    _, _, body = call(frontend.url, "POST", "/v1/images/generations", json.dumps(
+        {"prompt": "a cat", "size": "32x32", "num_inference_steps": 2, "response_format": "url"}).encode(),
+        {"Content-Type": "application/json", "Host": "images.example:9999"})
+    assert json.loads(body)["data"][0]["url"].startswith("http://images.example:9999/v1/media/")
+    # Streamed, the completed event carries the PNG (as OpenAI's does) and the link to it.
+    *_, done = client.images.generate(stream=True, response_format="url", **args)
+    assert call(frontend.url, "GET", done.url.removeprefix(frontend.url))[2] == base64.b64decode(done.b64_json)
+    assert done.b64_json == inline.b64_json and done.url != item.url
+
+
+def test_the_media_store_keeps_the_newest_files_within_its_bounds(tmp_path):
+    store = MediaStore(tmp_path, max_files=2, max_bytes=10)
+    a, b, c = (asyncio.run(store.put(data, ".png")) for data in (b"aa", b"bbb", b"cccc"))
+    assert store.names() == [b, c] and sorted(p.name for p in tmp_path.iterdir()) == sorted([b, c])
+    with pytest.raises(APIError) as exc:
+        store.path(a)
+    assert exc.value.status == 404 and "expired" in exc.value.message
+    d = asyncio.run(store.put(b"d" * 6, ".mp4"))      # 4 + 6 bytes fit; with b, 13 would not
+    assert store.names() == [c, d] and store.total_bytes == 10 and store.path(d).read_bytes() == b"d" * 6
+    with pytest.raises(APIError) as exc:
+        asyncio.run(store.put(b"e" * 11, ".png"))
+    assert exc.value.status == 507 and store.names() == [c, d]
+    # A restart over the same folder counts what is there, oldest first, under its own bounds.
+    assert MediaStore(tmp_path, max_files=1, max_bytes=100).names() == [d] and not (tmp_path / c).exists()
+    for name in ("../secret.png", "x.png", d.replace(".mp4", ".txt")):
+        with pytest.raises(APIError):
+            store.path(name)
+
+
 @pytest.mark.parametrize("kwargs, status, param", [
     ({"n": 9}, 400, "n"),
     ({"size": "large"}, 400, "size"),
-    ({"quality": "hd"}, 400, "quality"),
-    ({"response_format": "url"}, 400, "response_format"),
+    ({"style": "vivid"}, 400, "style"),
+    ({"response_format": "jpeg"}, 400, "response_format"),
     ({"extra_body": {"num_inference_steps": "many"}}, 400, "num_inference_steps"),
     ({"model": "dall-e-3"}, 404, "model"),
 ])
@@ -234,9 +307,14 @@ def test_the_page_is_served_and_its_endpoints_exist(frontend):
         assert status not in (404, 405) or "error" in json.loads(body), (path, status, body)
 
 
-def test_503_while_triton_is_down(tmp_path_factory):
+def test_503_while_triton_is_down_and_cors_only_for_configured_origins(tmp_path_factory):
     port = free_ports(1)[0]   # nothing listens there
-    with FrontendProcess(f"127.0.0.1:{port}", free_ports(1)[0]) as fe:
+    with FrontendProcess(f"127.0.0.1:{port}", free_ports(1)[0], ["--cors-origin", "https://app.example"]) as fe:
+        for origin, allowed in (("https://app.example", True), ("https://elsewhere.example", False)):
+            _, headers, _ = call(fe.url, "OPTIONS", "/v1/images/generations", key=None, headers={
+                "Origin": origin, "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "authorization,content-type"})
+            assert (headers.get("access-control-allow-origin") == origin) == allowed, (origin, headers)
         sdk = openai.OpenAI(base_url=fe.url + "/v1", api_key="unused", max_retries=0)
         for request in (sdk.models.list, lambda: sdk.images.generate(prompt="a cat"),
                         lambda: sdk.images.generate(prompt="a cat", stream=True)):
@@ -296,17 +374,31 @@ def test_deleting_a_running_video_job_cancels_it_on_the_server(video_client, wan
     assert_cancelled_on_server(wan_server, before, "txt2vid")
 
 
+FORM = {"Content-Type": "multipart/form-data; boundary=b"}
+
+
+def form_body(fields: dict[str, str]) -> bytes:
+    """A multipart form of text fields (boundary `b`), as `curl -F` sends."""
+    parts = "".join(f'--b\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n' for k, v in fields.items())
+    return (parts + "--b--\r\n").encode()
+
+
 def test_video_sync_streams_progress_then_the_mp4(video_frontend):
     fields = {"prompt": "rain", "size": "64x64", "num_frames": "5", "num_inference_steps": "3", "seed": "1",
               "stream": "true"}
-    body = "".join(f'--b\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n' for k, v in fields.items())
-    status, headers, raw = call(video_frontend.url, "POST", "/v1/videos/sync", (body + "--b--\r\n").encode(),
-                                {"Content-Type": "multipart/form-data; boundary=b"}, key=None)
+    status, headers, raw = call(video_frontend.url, "POST", "/v1/videos/sync", form_body(fields), FORM, key=None)
     assert status == 200 and headers["content-type"].startswith("text/event-stream")
     events = [json.loads(line[6:]) for line in raw.decode().splitlines() if line.startswith("data: ")]
     assert [(e["type"], e.get("step")) for e in events] == \
         [("video_generation.progress", k) for k in (1, 2, 3)] + [("video_generation.completed", None)]
-    assert decode_mp4(base64.b64decode(events[-1]["b64_json"]))[0].shape == (5, 64, 64, 3)
+    mp4 = base64.b64decode(events[-1]["b64_json"])
+    assert decode_mp4(mp4)[0].shape == (5, 64, 64, 3)
+    status, _, raw = call(video_frontend.url, "POST", "/v1/videos/sync", form_body(
+        {**fields, "stream": "false", "response_format": "url"}), FORM, key=None)
+    url = json.loads(raw)["url"]
+    assert status == 200 and url.startswith(video_frontend.url + "/v1/media/") and url.endswith(".mp4")
+    status, headers, stored = call(video_frontend.url, "GET", url.removeprefix(video_frontend.url), key=None)
+    assert status == 200 and headers["content-type"] == "video/mp4" and stored == mp4
 
 
 def test_video_errors_are_openai_errors(video_client, video_frontend):
@@ -320,11 +412,14 @@ def test_video_errors_are_openai_errors(video_client, video_frontend):
     with pytest.raises(openai.APIStatusError) as exc:   # it has no content
         video_client.videos.download_content(job.id)
     assert exc.value.status_code == 422
-    form = '--b\r\nContent-Disposition: form-data; name="prompt"\r\n\r\nwaves\r\n' \
-           '--b\r\nContent-Disposition: form-data; name="num_frames"\r\n\r\n8\r\n--b--\r\n'
-    status, _, body = call(video_frontend.url, "POST", "/v1/videos/sync", form.encode(),
-                           {"Content-Type": "multipart/form-data; boundary=b"}, key=None)
+    status, _, body = call(video_frontend.url, "POST", "/v1/videos/sync", form_body({"prompt": "waves",
+                           "num_frames": "8"}), FORM, key=None)
     assert status == 400 and json.loads(body)["error"]["param"] == "num_frames"   # the sync call answers it
+    # `quality` reaches the video server too; Wan has no cached forward, so it enables lossless only.
+    status, _, body = call(video_frontend.url, "POST", "/v1/videos/sync", form_body({"prompt": "waves",
+                           "quality": "fast"}), FORM, key=None)
+    error = json.loads(body)["error"]
+    assert status == 400 and error["param"] == "quality" and error["message"].endswith("allowed: ['lossless']")
     with pytest.raises(openai.BadRequestError) as exc:   # txt2vid takes no image: checked before the job starts
         video_client.videos.create(prompt="waves", model="txt2vid",
                                    input_reference=("in.png", _png_bytes(), "image/png"))

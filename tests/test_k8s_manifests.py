@@ -88,16 +88,39 @@ def test_service_exposes_the_three_ports_of_the_deployment():
                                                             "openai": 8080}
 
 
-def test_the_front_end_runs_beside_triton_in_the_pod_with_a_required_key():
+def test_the_front_end_runs_beside_triton_in_the_pod_with_a_required_key(monkeypatch):
+    """The `frontend` container's wiring is what the front end's own code reads: its command
+    parses with frontend.__main__'s parser, the key arrives in the variable that parser reads,
+    the probed routes exist in the app, and the media folder is a mounted, size-limited volume."""
+    from frontend.__main__ import parser
+
     c = container("frontend")
     assert c["image"] == container()["image"] and c["command"][:3] == ["python3", "-m", "frontend"]
-    args = dict(zip(c["command"][3::2], c["command"][4::2]))
-    assert args["--triton-url"] == f"127.0.0.1:{8001}" and args["--port"] == "8080"
     (key,) = [e for e in c["env"] if e["name"] == "DITSERVE_API_KEY"]
     assert not key["valueFrom"]["secretKeyRef"].get("optional", False), "the key must not be skippable"
-    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"openai": 8080}
-    assert c["readinessProbe"]["httpGet"]["path"] == "/health" and c["livenessProbe"]["httpGet"]["path"] == "/"
-    assert (ROOT / "frontend" / "__main__.py").exists()
+    assert key["valueFrom"]["secretKeyRef"] == {"name": "ditserve-frontend", "key": "api-key"}
+    assert "kubectl create secret generic ditserve-frontend --from-literal=api-key=" in \
+        (ROOT / "docs" / "frontend.md").read_text(), "the docs create the Secret the pod reads"
+    monkeypatch.setenv(key["name"], "from-the-secret")
+    args = parser().parse_args(c["command"][3:])
+    assert args.api_key == "from-the-secret", "the parser reads the key from the variable the pod sets"
+    grpc = {p["name"]: p["containerPort"] for p in container()["ports"]}["grpc"]
+    assert args.triton_url == f"127.0.0.1:{grpc}" and args.host == "0.0.0.0"
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"openai": args.port}
+    routes = {route.path for route in frontend_routes()}
+    for probe, path in (("readinessProbe", "/health"), ("livenessProbe", "/")):
+        assert c[probe]["httpGet"] == {"path": path, "port": "openai"} and path in routes, probe
+    (mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == args.media_dir]
+    (volume,) = [v for v in one("Deployment")["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"]]
+    limit = volume["emptyDir"]["sizeLimit"]
+    assert limit.endswith("Gi") and args.media_max_bytes < int(limit[:-2]) * 2**30, "the store stays inside its volume"
+
+
+def frontend_routes() -> list:
+    """The routes of the front end's app, routers included."""
+    from frontend.app import Settings, create_app
+
+    return [route for route in create_app(Settings()).router.routes if hasattr(route, "path")]
 
 
 def test_hpa_targets_the_deployment_on_a_triton_queue_metric():
