@@ -47,14 +47,24 @@ class TritonGateway:
     async def close(self) -> None:
         await self._client.close()
 
-    async def served_tasks(self) -> list[str]:
-        """Public tasks whose unary and `_stream` models are both loaded and ready."""
+    async def task_states(self) -> dict[str, str]:
+        """Each public task in Triton's repository index: `READY` when its unary and `_stream`
+        models both are, else the state of one that is not (`LOADING`, `UNAVAILABLE`, `MISSING`)."""
         try:
             index = await self._client.get_model_repository_index(as_json=True)
         except InferenceServerException as exc:
             raise unavailable(f"tritonserver at {self.url} is not reachable: {exc.message()}") from None
-        ready = {m["name"] for m in index.get("models", []) if m.get("state") == "READY"}
-        return [task for task in MEDIA_OUTPUT if task in ready and f"{task}_stream" in ready]
+        states = {m["name"]: m.get("state") or "UNKNOWN" for m in index.get("models", [])}
+        tasks = {}
+        for task in MEDIA_OUTPUT:
+            pair = [states.get(name, "MISSING") for name in (task, f"{task}_stream")]
+            if pair != ["MISSING", "MISSING"]:
+                tasks[task] = next((state for state in pair if state != "READY"), "READY")
+        return tasks
+
+    async def served_tasks(self) -> list[str]:
+        """Public tasks whose unary and `_stream` models are both loaded and ready."""
+        return [task for task, state in (await self.task_states()).items() if state == "READY"]
 
     async def check_ready(self, task: str) -> None:
         """503 unless the server is up and `<task>_stream` is ready (before any work is queued)."""

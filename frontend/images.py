@@ -67,7 +67,7 @@ async def image_data(final: Final, formats: set[str], request: Request) -> dict:
 async def generate_images(body: ImageGenerationBody, request: Request):
     app = request.app.state
     check_n(body.n, app.settings.max_n)
-    task = choose_model(body.model, await app.gateway.served_tasks(), ("txt2img",), "txt2img")
+    task = choose_model(body.model, await app.gateway.task_states(), ("txt2img",), "txt2img")
     await app.gateway.check_ready(task)
     requests = one_per_image(body.generation(), body.n)
     created = int(time.time())

@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from ditserve.client import GenerationRequest
 
-from .errors import APIError, invalid
+from .errors import APIError, invalid, unavailable
 
 _SIZE = re.compile(r"^(\d{1,5})x(\d{1,5})$")
 
@@ -42,10 +42,15 @@ def check_n(n: int, max_n: int) -> None:
         raise invalid("n", f"n={n} is out of range; allowed [1, {max_n}] (the front end's --max-n)")
 
 
-def choose_model(model: str | None, served: list[str], allowed: tuple[str, ...], default: str) -> str:
-    """The Triton task for a request's `model`; 404 (as OpenAI answers) for one not served here."""
+def choose_model(model: str | None, states: dict[str, str], allowed: tuple[str, ...], default: str) -> str:
+    """The Triton task for a request's `model`, given the tasks' states (TritonGateway.task_states):
+    503 for one Triton has but is not ready to serve (loading, failed), 404 (as OpenAI answers)
+    for one it does not have."""
     task = model or default
-    usable = [t for t in served if t in allowed]
+    if task in allowed and states.get(task, "READY") != "READY":
+        raise unavailable(f"model {task!r} is not ready on tritonserver (state {states[task]}); "
+                          "retry once GET /health answers 200")
+    usable = [t for t, state in states.items() if t in allowed and state == "READY"]
     if task not in usable:
         names = ", ".join(usable) or "none"
         raise APIError(404, f"model {task!r} is not served here; this endpoint's models: {names} (GET /v1/models)",

@@ -85,7 +85,7 @@ async def _read_image(upload: UploadFile) -> np.ndarray:
 async def _task_and_request(form: VideoForm, request: Request) -> tuple[str, GenerationRequest]:
     model, generation = await form.generation()
     default = "img2vid" if generation.image is not None else "txt2vid"
-    task = choose_model(model, await request.app.state.gateway.served_tasks(), VIDEO_TASKS, default)
+    task = choose_model(model, await request.app.state.gateway.task_states(), VIDEO_TASKS, default)
     if (task == "img2vid") != (generation.image is not None):
         raise invalid("input_reference", "img2vid needs an input_reference image" if task == "img2vid"
                       else f"{task} takes no input_reference; send it to model 'img2vid'")

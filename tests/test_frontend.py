@@ -29,9 +29,12 @@ from conftest import diffusers_image
 from ditserve.client import MEDIA_OUTPUT, DitClient, GenerationRequest
 from ditserve.launcher import free_ports
 from ditserve.media import decode_mp4
+from frontend.__main__ import parser
 from frontend.errors import APIError
 from frontend.launcher import FrontendProcess
 from frontend.media import MediaStore
+from frontend.requests import choose_model
+from frontend.videos import VIDEO_TASKS
 from helpers import assert_cancelled_on_server, scrape, settled_scrape, wait_for_metric
 from test_shapes_model import diffusers_shapes, shapes_server  # noqa: F401  (module-scoped: a server for this module)
 from test_txt2img import assert_matches
@@ -210,6 +213,24 @@ def test_the_media_store_keeps_the_newest_files_within_its_bounds(tmp_path):
     for name in ("../secret.png", "x.png", d.replace(".mp4", ".txt")):
         with pytest.raises(APIError):
             store.path(name)
+
+
+def test_a_model_triton_has_but_not_ready_is_a_503_and_one_it_lacks_a_404():
+    states = {"txt2img": "LOADING", "txt2vid": "READY"}   # as TritonGateway.task_states reads the index
+    with pytest.raises(APIError) as exc:
+        choose_model(None, states, ("txt2img",), "txt2img")
+    assert exc.value.status == 503 and "state LOADING" in exc.value.message
+    with pytest.raises(APIError) as exc:
+        choose_model("img2vid", states, VIDEO_TASKS, "txt2vid")
+    assert exc.value.status == 404 and exc.value.param == "model" and "models: txt2vid" in exc.value.message
+    assert choose_model(None, states, VIDEO_TASKS, "txt2vid") == "txt2vid"
+
+
+def test_the_command_line_defaults_face_no_one(monkeypatch):
+    monkeypatch.delenv("DITSERVE_API_KEY", raising=False)
+    args = parser().parse_args([])
+    assert args.host == "127.0.0.1" and args.cors_origins == [] and args.api_key is None
+    assert (args.max_n, args.max_body_bytes) == (4, 16 * 2**20) and args.media_dir is None
 
 
 @pytest.mark.parametrize("kwargs, status, param", [
@@ -509,14 +530,30 @@ def test_the_page_shows_progress_then_the_image(page, server):
     seen = bar_values(page)
     assert seen == sorted(seen) and set(seen) == set(range(11)), f"the bar moved step by step: {seen}"
     assert page.get_attribute("#output", "src").startswith("blob:")
-    rgba = page.eval_on_selector("#output", """(img) => { const c = document.createElement('canvas');
-        c.width = img.naturalWidth; c.height = img.naturalHeight; const g = c.getContext('2d');
-        g.drawImage(img, 0, 0); return Array.from(g.getImageData(0, 0, c.width, c.height).data); }""")
-    shown = np.array(rgba, dtype=np.uint8).reshape(64, 96, 4)[..., :3]
     same = triton_media(server, "txt2img", GenerationRequest("a blue house by a lake", height=64, width=96,
                                                              num_inference_steps=10, seed=7))
-    assert np.array_equal(shown, same.media), "the page shows the pixels Triton made"
+    assert np.array_equal(shown_pixels(page), same.media), "the page shows the pixels Triton made"
     assert page.text_content("#status") == "done (seed 7)"
+    # A cache tier, on a prompt the trained model knows: the page shows it and how many steps it reused.
+    for field, value in (("#prompt", "a red circle on a blue background"), ("#size", "64x64"), ("#steps", "20"),
+                         ("#quality", "fast")):
+        page.fill(field, value)
+    page.click("#generate")
+    page.wait_for_function("() => document.getElementById('status').textContent.startsWith('done')")
+    fast = triton_media(server, "txt2img", GenerationRequest("a red circle on a blue background", height=64, width=64,
+                                                             num_inference_steps=20, seed=7, quality="fast"))
+    assert np.array_equal(shown_pixels(page), fast.media) and fast.cache_hits > 0
+    assert page.text_content("#status") == f"done (seed 7, {fast.cache_hits} of 20 steps reused)"
+    page.fill("#quality", "")
+
+
+def shown_pixels(tab) -> np.ndarray:
+    """The RGB pixels of the page's image, read back through a canvas."""
+    size, rgba = tab.eval_on_selector("#output", """(img) => { const c = document.createElement('canvas');
+        c.width = img.naturalWidth; c.height = img.naturalHeight; const g = c.getContext('2d');
+        g.drawImage(img, 0, 0);
+        return [[c.height, c.width], Array.from(g.getImageData(0, 0, c.width, c.height).data)]; }""")
+    return np.array(rgba, dtype=np.uint8).reshape(*size, 4)[..., :3]
 
 
 def test_the_page_cancel_button_cancels_on_the_server(page, server):
