@@ -53,11 +53,11 @@ def png_bytes(image: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-async def image_data(final: Final, formats: set[str], request: Request) -> dict:
+def image_data(final: Final, formats: set[str], request: Request) -> dict:
     """One item of `data`: the PNG in each of `formats` (`b64_json`, `url`), plus the `seed` used
     and the steps its quality tier reused."""
     png = png_bytes(final.image)
-    item = {"url": await stored_url(request, png, ".png")} if "url" in formats else {}
+    item = {"url": stored_url(request, png, ".png")} if "url" in formats else {}
     if "b64_json" in formats:
         item["b64_json"] = base64.b64encode(png).decode("ascii")
     return {**item, "revised_prompt": None, "seed": final.seed, "cache_hits": final.cache_hits}
@@ -77,12 +77,12 @@ async def generate_images(body: ImageGenerationBody, request: Request):
         return await event_stream(merged(app.gateway, task, requests), render)
     finals = await unless_disconnected(request, collect(app.gateway, task, requests))
     formats = {body.response_format or "b64_json"}
-    return {"created": created, "data": [await image_data(f, formats, request) for f in finals],
+    return {"created": created, "data": [image_data(f, formats, request) for f in finals],
             "output_format": "png", "size": size_text(*finals[0].image.shape[:2]), "quality": body.quality or "auto"}
 
 
-async def _render_event(index: int, event: Progress | Final, formats: set[str], quality: str,
-                        request: Request) -> tuple[str, dict]:
+def _render_event(index: int, event: Progress | Final, formats: set[str], quality: str,
+                  request: Request) -> tuple[str, dict]:
     """SSE: `image_generation.progress` per denoise step of each image, then its
     `image_generation.completed` (the shape OpenAI streams, plus `index`, `seed`, `cache_hits`
     and `url` when asked for)."""
@@ -91,5 +91,5 @@ async def _render_event(index: int, event: Progress | Final, formats: set[str], 
         return "image_generation.progress", {"index": index, "step": event.done, "total_steps": event.total,
                                              "created_at": now}
     return "image_generation.completed", {
-        "index": index, **await image_data(event, formats, request), "created_at": now,
+        "index": index, **image_data(event, formats, request), "created_at": now,
         "size": size_text(*event.image.shape[:2]), "output_format": "png", "background": "opaque", "quality": quality}

@@ -8,7 +8,6 @@ directory. The GET route also sits under /v1/, behind the API key when one is se
 """
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import secrets
@@ -47,8 +46,11 @@ class MediaStore:
         """Stored names, oldest first."""
         return list(self._sizes)
 
-    async def put(self, data: bytes, suffix: str) -> str:
-        """Store `data` under a new unguessable name ending in `suffix`; returns the name."""
+    def put(self, data: bytes, suffix: str) -> str:
+        """Store `data` under a new unguessable name ending in `suffix`; returns the name.
+
+        Written in the event loop's thread: a result is a few MB at most, and a write that no
+        cancellation can interrupt never leaves a file outside the index."""
         if suffix not in MEDIA_TYPES:
             raise ValueError(f"suffix {suffix!r}; the store holds {sorted(MEDIA_TYPES)}")
         if len(data) > self.max_bytes:
@@ -56,7 +58,7 @@ class MediaStore:
                                 f"(--media-max-bytes {self.max_bytes}); ask for b64_json", type="server_error",
                            code="media_store_full")
         name = secrets.token_urlsafe(24) + suffix
-        await asyncio.to_thread(_write_atomically, self.directory / name, data)
+        _write_atomically(self.directory / name, data)
         self._sizes[name] = len(data)
         self._evict()
         return name
@@ -99,7 +101,7 @@ async def media_file(name: str, request: Request) -> FileResponse:
                                                                     "Cache-Control": "private, max-age=3600"})
 
 
-async def stored_url(request: Request, data: bytes, suffix: str) -> str:
+def stored_url(request: Request, data: bytes, suffix: str) -> str:
     """Store `data` and return its absolute URL, built from the request's own base URL."""
-    name = await request.app.state.media.put(data, suffix)
+    name = request.app.state.media.put(data, suffix)
     return str(request.url_for("media_file", name=name))

@@ -87,7 +87,7 @@ def sse(event_type: str, payload: dict) -> str:
 
 
 async def event_stream(events: AsyncIterator[tuple[int, Progress | Final]],
-                       render: Callable[[int, Progress | Final], Awaitable[tuple[str, dict]]]) -> StreamingResponse:
+                       render: Callable[[int, Progress | Final], tuple[str, dict]]) -> StreamingResponse:
     """An SSE response of `render`ed events. The first event is awaited before the response
     starts, so a request the server rejects still gets its HTTP error status."""
     try:
@@ -98,10 +98,10 @@ async def event_stream(events: AsyncIterator[tuple[int, Progress | Final]],
 
     async def body():
         async with aclosing(events):
-            yield sse(*await render(*first))
+            yield sse(*render(*first))
             try:
                 async for index, event in events:
-                    yield sse(*await render(index, event))
+                    yield sse(*render(index, event))
             except APIError as exc:   # after the 200: the error travels as an event
                 yield sse("error", exc.body())
 

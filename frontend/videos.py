@@ -152,10 +152,10 @@ class VideoJobs:
     async def run(self, job: VideoJob, gateway: TritonGateway, task: str, request: GenerationRequest) -> None:
         try:
             [final] = await collect(gateway, task, [request], job.on_progress)
-        except APIError as exc:
+            job.media = self.store.put(final.mp4, ".mp4")
+        except APIError as exc:   # the server's rejection or failure, or an MP4 larger than the store
             job.status, job.error = "failed", {"code": exc.code or exc.type, "message": exc.message}
         else:
-            job.media = await self.store.put(final.mp4, ".mp4")
             job.status, job.progress, job.seed = "completed", 100, final.seed
         job.completed_at = int(time.time())
 
@@ -218,13 +218,13 @@ async def generate_video_sync(request: Request, form: VideoForm = Depends(), str
         return await event_stream(merged(gateway, task, [generation]), _render_event)
     [final] = await unless_disconnected(request, collect(gateway, task, [generation]))
     if response_format == "url":
-        return {"created": int(time.time()), "url": await stored_url(request, final.mp4, ".mp4"), "seed": final.seed,
+        return {"created": int(time.time()), "url": stored_url(request, final.mp4, ".mp4"), "seed": final.seed,
                 "cache_hits": final.cache_hits, "output_format": "mp4"}
     return Response(final.mp4, media_type="video/mp4",
                     headers={"X-Seed": str(final.seed), "X-Cache-Hits": str(final.cache_hits)})
 
 
-async def _render_event(_index: int, event: Progress | Final) -> tuple[str, dict]:
+def _render_event(_index: int, event: Progress | Final) -> tuple[str, dict]:
     now = int(time.time())
     if isinstance(event, Progress):
         return "video_generation.progress", {"step": event.done, "total_steps": event.total, "created_at": now}

@@ -9,7 +9,6 @@ a server.
 """
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import http.client
@@ -198,15 +197,15 @@ def test_url_responses_download_the_b64_json_png(client, frontend):
 
 def test_the_media_store_keeps_the_newest_files_within_its_bounds(tmp_path):
     store = MediaStore(tmp_path, max_files=2, max_bytes=10)
-    a, b, c = (asyncio.run(store.put(data, ".png")) for data in (b"aa", b"bbb", b"cccc"))
+    a, b, c = (store.put(data, ".png") for data in (b"aa", b"bbb", b"cccc"))
     assert store.names() == [b, c] and sorted(p.name for p in tmp_path.iterdir()) == sorted([b, c])
     with pytest.raises(APIError) as exc:
         store.path(a)
     assert exc.value.status == 404 and "expired" in exc.value.message
-    d = asyncio.run(store.put(b"d" * 6, ".mp4"))      # 4 + 6 bytes fit; with b, 13 would not
+    d = store.put(b"d" * 6, ".mp4")      # 4 + 6 bytes fit; with b, 13 would not
     assert store.names() == [c, d] and store.total_bytes == 10 and store.path(d).read_bytes() == b"d" * 6
     with pytest.raises(APIError) as exc:
-        asyncio.run(store.put(b"e" * 11, ".png"))
+        store.put(b"e" * 11, ".png")
     assert exc.value.status == 507 and store.names() == [c, d]
     # A restart over the same folder counts what is there, oldest first, under its own bounds.
     assert MediaStore(tmp_path, max_files=1, max_bytes=100).names() == [d] and not (tmp_path / c).exists()
