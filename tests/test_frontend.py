@@ -435,11 +435,12 @@ def test_video_errors_are_openai_errors(video_client, video_frontend):
     status, _, body = call(video_frontend.url, "POST", "/v1/videos/sync", form_body({"prompt": "waves",
                            "num_frames": "8"}), FORM, key=None)
     assert status == 400 and json.loads(body)["error"]["param"] == "num_frames"   # the sync call answers it
-    # `quality` reaches the video server too; Wan has no cached forward, so it enables lossless only.
+    # `quality` reaches the video server too, which names the tiers it enables.
     status, _, body = call(video_frontend.url, "POST", "/v1/videos/sync", form_body({"prompt": "waves",
-                           "quality": "fast"}), FORM, key=None)
+                           "quality": "turbo"}), FORM, key=None)
     error = json.loads(body)["error"]
-    assert status == 400 and error["param"] == "quality" and error["message"].endswith("allowed: ['lossless']")
+    assert status == 400 and error["param"] == "quality"
+    assert error["message"].endswith("allowed: ['lossless', 'balanced', 'fast']")
     with pytest.raises(openai.BadRequestError) as exc:   # txt2vid takes no image: checked before the job starts
         video_client.videos.create(prompt="waves", model="txt2vid",
                                    input_reference=("in.png", _png_bytes(), "image/png"))
