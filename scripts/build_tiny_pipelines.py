@@ -140,6 +140,12 @@ WAN_T2V_TRANSFORMER_CONFIG = dict(
     rope_max_seq_len=1024,
 )
 
+# Wan-AI/Wan2.2-T2V-A14B-Diffusers model_index.json: the high-noise expert (`transformer`) runs
+# while t >= boundary_ratio x 1000, the low-noise one (`transformer_2`) after. Each expert is
+# the 14B block of Wan2.1 (40 heads x 128, 40 layers, WAN_I2V_TRANSFORMER_CONFIG without the
+# image inputs) over 16 channels.
+WAN22_T2V_BOUNDARY_RATIO = 0.875
+
 # Wan-AI/Wan2.1-I2V-14B-480P-Diffusers transformer/config.json: the 14B block with image
 # cross-attention (CLIP tokens lifted to the hidden width, hence added_kv_proj_dim = 40 * 128)
 # and 36 input channels (16 noise + 4 first-frame mask + 16 condition latents).
@@ -465,9 +471,10 @@ def tiny_wan_parts(vae_res_blocks: int = 0) -> dict[str, Any]:
     return dict(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=scheduler)
 
 
-def tiny_wan_transformer(config: dict[str, Any], text_dim: int, **changes: Any) -> WanTransformer3DModel:
+def tiny_wan_transformer(config: dict[str, Any], text_dim: int, seed: int = SEED, **changes: Any
+                         ) -> WanTransformer3DModel:
     """One narrow Wan transformer block (2 heads of 8) over a real Wan transformer config."""
-    torch.manual_seed(SEED)
+    torch.manual_seed(seed)
     return WanTransformer3DModel(**{
         **config,
         "num_attention_heads": 2,
@@ -486,6 +493,16 @@ def build_tiny_wan_t2v() -> DiffusionPipeline:
     parts = tiny_wan_parts()
     transformer = tiny_wan_transformer(WAN_T2V_TRANSFORMER_CONFIG, parts["text_encoder"].config.d_model)
     return WanPipeline(**parts, transformer=transformer)
+
+
+def build_tiny_wan22() -> DiffusionPipeline:
+    """Wan2.2-T2V-A14B shrunk: tiny-wan-t2v's parts and two of its transformers, seeded apart so
+    that running the wrong expert shows, switched at the real checkpoint's boundary_ratio."""
+    parts = tiny_wan_parts()
+    text_dim = parts["text_encoder"].config.d_model
+    experts = {name: tiny_wan_transformer(WAN_T2V_TRANSFORMER_CONFIG, text_dim, seed=SEED + i)
+               for i, name in enumerate(("transformer", "transformer_2"))}
+    return WanPipeline(**parts, **experts, boundary_ratio=WAN22_T2V_BOUNDARY_RATIO)
 
 
 def build_tiny_wan_i2v() -> DiffusionPipeline:
@@ -618,6 +635,10 @@ PIPELINES: dict[str, TinySpec] = {
     "tiny-wan-t2v": TinySpec(
         build=build_tiny_wan_t2v,
         smoke_kwargs=dict(prompt="a photo of a cat", height=64, width=64, num_frames=9, num_inference_steps=2),
+    ),
+    "tiny-wan22": TinySpec(
+        build=build_tiny_wan22,
+        smoke_kwargs=dict(prompt="a photo of a cat", height=64, width=64, num_frames=9, num_inference_steps=4),
     ),
     "tiny-wan-i2v": TinySpec(
         build=build_tiny_wan_i2v,

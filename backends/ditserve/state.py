@@ -48,6 +48,10 @@ class RequestState:
     unchecked: Any = None
     # Its First-Block Cache (cache.RowCache) when it asked for a lossy `quality` tier, else None.
     cache: Any = None
+    # The transformer module (pipeline component) each step's forward runs, from the adapter's
+    # `step_modules`: Wan2.2's high-noise `transformer`, then its low-noise `transformer_2`.
+    # Empty: every step runs `transformer`.
+    modules: tuple[str, ...] = ()
 
     @property
     def total_steps(self) -> int:
@@ -62,13 +66,20 @@ class RequestState:
         return self.timesteps[self.step_index]
 
     @property
+    def module(self) -> str:
+        """The transformer module of this request's next forward."""
+        return self.modules[self.step_index] if self.modules else "transformer"
+
+    @property
     def compat_key(self) -> tuple:
         """Requests with equal keys can share one transformer forward.
 
         Shape (latent size) and CFG on/off change tensor shapes; the timestep does not
         (it is a per-sample tensor), nor does the step count. Extra conditioning (its
         names, shapes and dtypes) tells conditioning kinds apart: image-to-video requests
-        carry a condition video and image embeddings that text-to-video ones lack.
+        carry a condition video and image embeddings that text-to-video ones lack. The module
+        of the next forward is part of it: one forward runs one module, so a step batch whose
+        rows need different experts (Wan2.2) splits into one forward per expert.
         """
         extra = tuple((name, tuple(t.shape), t.dtype) for name, t in sorted(self.cond.extra.items()))
-        return (tuple(self.latents.shape), self.params.do_cfg, self.latents.dtype, extra)
+        return (tuple(self.latents.shape), self.params.do_cfg, self.latents.dtype, extra, self.module)

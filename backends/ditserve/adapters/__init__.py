@@ -6,10 +6,12 @@ from .flux import FluxAdapter
 from .pixart_sigma import PixArtSigmaAdapter
 from .sd3 import SD3Adapter
 from .wan import WanT2VAdapter
+from .wan22 import Wan22T2VAdapter
 from .wan_i2v import WanI2VAdapter
 
 ADAPTERS: dict[str, type[FamilyAdapter]] = {
-    adapter.family: adapter for adapter in (PixArtSigmaAdapter, WanT2VAdapter, WanI2VAdapter, FluxAdapter, SD3Adapter)
+    adapter.family: adapter
+    for adapter in (PixArtSigmaAdapter, WanT2VAdapter, WanI2VAdapter, FluxAdapter, SD3Adapter, Wan22T2VAdapter)
 }
 
 

@@ -13,7 +13,10 @@ Image-conditioned families (wan_i2v.py) add the encoders a vae_encode stage call
 hand prepare their per-request conditioning in `TextConditioning.extra`; families with more
 than one text output (FLUX.1's pooled CLIP embedding) return it there from `encode_prompts`.
 Families whose schedule depends on the request (FLUX.1's resolution-dependent shift)
-override `set_timesteps`.
+override `set_timesteps`. Families whose forward picks one of several transformer modules by
+timestep (Wan2.2's experts) override `transformer_modules`, `step_modules` and `forward_for`:
+each request carries its per-step module plan, requests group by it, and each module has its
+own (compiled) runner.
 
 Only the pieces that differ between families are abstract.
 """
@@ -22,7 +25,7 @@ from __future__ import annotations
 import copy
 import inspect
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 import torch
 from diffusers.utils.torch_utils import randn_tensor
@@ -39,7 +42,7 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 STAGE_COMPONENTS = {
     # FLUX.1 adds a T5 (`_2`) beside CLIP, SD3 a third encoder (`_3`); a family loads those it has.
     "text_encoder": ("text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2", "text_encoder_3", "tokenizer_3"),
-    "dit": ("transformer", "scheduler"),
+    "dit": ("transformer", "transformer_2", "scheduler"),   # transformer_2: Wan2.2's low-noise expert
     "vae_decode": ("vae",),
     # Image-conditioned tasks (img2vid): the input image -> image embeddings + condition latents.
     "vae_encode": ("vae", "image_encoder", "image_processor"),
@@ -84,6 +87,7 @@ class FamilyAdapter(ABC):
         ).to(self.device)
         self.check_limits(stage)
         self.stage = stage
+        self.runners: dict[str, TransformerRunner] = {}   # dit: one per transformer module
         self.run_forward, self.stage_runner = self._accelerate(stage)
         self.cache_hits = 0   # steps reused by all requests so far (ditserve_cache_hits_total)
         if stage == "dit" and deployment.cache.tiers and self.cache_blocks is None:
@@ -95,9 +99,12 @@ class FamilyAdapter(ABC):
         text encoder / VAE decode. Compiling happens in `warm_up`, never on the request path."""
         accel = self.deployment.accel
         if stage == "dit":
-            if accel.fp8:
-                apply_fp8(self.pipe.transformer)
-            return TransformerRunner(self.forward, accel, self.deployment.engine.capacity, self.device), None
+            for module in self.transformer_modules:
+                if accel.fp8:
+                    apply_fp8(getattr(self.pipe, module))
+                self.runners[module] = TransformerRunner(self.forward_for(module), accel,
+                                                         self.deployment.engine.capacity, self.device)
+            return self.runners["transformer"], None
         if stage == "text_encoder" and accel.text_encoder == "compile":
             return None, warm_attribute(self.pipe.text_encoder, "forward", accel)
         if stage == "vae_decode" and accel.vae_decode == "compile":
@@ -112,8 +119,10 @@ class FamilyAdapter(ABC):
             size = f"{params.num_frames}x" * self.deployment.is_video + f"{params.height}x{params.width}"
             if self.stage == "dit":
                 state = self.prepare("warm-up", params, self.example_conditioning(params))
-                with self.run_forward.warming(report, size):
-                    self.denoise([state])
+                for module, runner in self.runners.items():
+                    state.modules = (module,) * state.total_steps
+                    with runner.warming(report, size if module == "transformer" else f"{size} {module}"):
+                        self.denoise([state])
             elif self.stage == "vae_decode":
                 # Dynamic batching hands the decode 1..N latents: a batch of 2 compiles the dynamic
                 # graph that serves 2..N, a batch of 1 its special case (dynamo specialises size 1).
@@ -188,6 +197,25 @@ class FamilyAdapter(ABC):
     def check_limits(self, stage: str) -> None:
         """Fail at load time when the deployment's limits disagree with the model."""
 
+    @property
+    def transformer_modules(self) -> tuple[str, ...]:
+        """The pipeline components a dit forward may run, `transformer` first."""
+        return ("transformer",)
+
+    def step_modules(self, timesteps: torch.Tensor) -> tuple[str, ...]:
+        """The module each step of a request with these timesteps runs (RequestState.modules)."""
+        return ()
+
+    def forward_for(self, module: str) -> Callable[[torch.Tensor, torch.Tensor, TextConditioning], torch.Tensor]:
+        """`forward` running `module` instead of `transformer` (families with several modules)."""
+        return self.forward
+
+    @property
+    def forward_calls(self) -> dict[str, int]:
+        """Forwards run so far by path (compiled / eager), over every module's runner."""
+        calls = [runner.calls for runner in self.runners.values()]
+        return {path: sum(c[path] for c in calls) for path in ("compiled", "eager")}
+
     def encode_prompts(self, texts: list[str]) -> TextConditioning:
         """`encode_text` plus the family's per-row extra outputs (deployment.FAMILY_TEXT_CONDITIONING),
         which the text_encoder stage returns beside `embeds` and `mask`."""
@@ -221,7 +249,8 @@ class FamilyAdapter(ABC):
         step_kwargs = {"generator": generator} if accepts_generator else {}
         threshold = self.deployment.cache.threshold(params.quality)
         return RequestState(key, params, scheduler, scheduler.timesteps, latents, cond, generator, step_kwargs,
-                            cache=None if threshold is None else RowCache(threshold))
+                            cache=None if threshold is None else RowCache(threshold),
+                            modules=self.step_modules(scheduler.timesteps))
 
     @torch.inference_mode()
     def denoise(self, states: list[RequestState]) -> list[torch.Tensor]:
@@ -230,8 +259,9 @@ class FamilyAdapter(ABC):
         A batch holding a lossy `quality` tier runs the eager cached forward. With a compiled
         transformer, lossless requests of that batch run apart, compiled: the result of a
         lossless request never depends on its peers' tiers."""
+        runner = self.runners[states[0].module]   # one compat key: one module
         lossless = [s for s in states if s.cache is None]
-        if self.run_forward.compiled is not None and 0 < len(lossless) < len(states):
+        if runner.compiled is not None and 0 < len(lossless) < len(states):
             lossy = [s for s in states if s.cache is not None]
             outputs = dict(zip([s.key for s in lossless + lossy], self.denoise(lossless) + self.denoise(lossy)))
             return [outputs[s.key] for s in states]
@@ -256,7 +286,7 @@ class FamilyAdapter(ABC):
             out = self.cached_forward(*inputs, caches)
             self.cache_hits += sum(cache.hits for cache in caches if cache is not None) - before
         else:
-            out = self.run_forward(*inputs)
+            out = runner(*inputs)
         if not states[0].params.do_cfg:   # one compat key: all states guide alike
             return list(out.split(1))
         # CFG over the batch at once, rows [negative, prompt] per request, each with its own

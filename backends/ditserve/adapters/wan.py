@@ -23,7 +23,7 @@ from .base import FamilyAdapter
 class WanT2VAdapter(FamilyAdapter):
     pipeline_class = WanPipeline
     family = "wan-t2v"
-    # transformer_2 (Wan2.2's low-noise expert) is never kept by a stage, so it loads as None.
+    # transformer_2: Wan2.2's low-noise expert (wan22.py); Wan2.1 checkpoints have none.
     component_names = ("tokenizer", "text_encoder", "transformer", "transformer_2", "vae", "scheduler")
     cache_blocks = "blocks"   # quality tiers (cache.first_block_cache)
 
@@ -85,8 +85,12 @@ class WanT2VAdapter(FamilyAdapter):
         return self.pipe.transformer.config.text_dim
 
     def forward(self, latents: torch.Tensor, timesteps: torch.Tensor, cond: TextConditioning) -> torch.Tensor:
+        return self.run_transformer(self.pipe.transformer, latents, timesteps, cond)
+
+    @staticmethod
+    def run_transformer(transformer: torch.nn.Module, latents: torch.Tensor, timesteps: torch.Tensor,
+                        cond: TextConditioning) -> torch.Tensor:
         """Output stays in the transformer's dtype: WanPipeline applies CFG in that dtype too."""
-        transformer = self.pipe.transformer
         return transformer(hidden_states=latents.to(transformer.dtype), timestep=timesteps,
                            encoder_hidden_states=cond.embeds, return_dict=False)[0]
 
@@ -104,7 +108,18 @@ class WanT2VAdapter(FamilyAdapter):
         video = self.pipe.vae.decode(latents / latents_std + latents_mean, return_dict=False)[0]
         return video.transpose(1, 2)
 
+    def check_variant(self) -> None:
+        """Wan2.1 runs one transformer at one timestep per row; Wan2.2's variants are told apart."""
+        config, path = self.pipe.config, self.deployment.model.path
+        if config.get("expand_timesteps"):
+            raise ValueError(f"{path} is Wan2.2 TI2V (expand_timesteps: a timestep per token), which is not "
+                             f"served yet")
+        if config.get("boundary_ratio") is not None:
+            raise ValueError(f"{path} is a two-expert Wan2.2 pipeline (boundary_ratio={config.boundary_ratio}): "
+                             f"set [model] family = \"wan22-t2v\"")
+
     def check_limits(self, stage: str) -> None:
+        self.check_variant()
         if stage != "dit":
             return
         limits, path = self.deployment.limits, self.deployment.model.path

@@ -173,7 +173,7 @@ class DitStage:
         for size in report.batch_sizes:
             self.metrics.step_batch.observe(size)
         self.metrics.step_seconds.observe(report.seconds)
-        self.metrics.count_forwards(self.engine.adapter.run_forward.calls)
+        self.metrics.count_forwards(self.engine.adapter.forward_calls)
         self.metrics.count_cache_hits(self.engine.adapter.cache_hits)
         self.metrics.active.set(len(active))
         for key, request in active:

@@ -1,0 +1,56 @@
+"""Wan2.2 A14B text-to-video: WanPipeline with two experts, over the Wan2.1 step contract (wan.py).
+
+Mirrors `WanPipeline.__call__` with `boundary_ratio` set: a step whose timestep t satisfies
+t >= boundary_ratio x num_train_timesteps runs the high-noise expert `transformer`, a later
+one the low-noise expert `transformer_2`. Each request's per-step plan is fixed when it is
+admitted (`step_modules`), and the engine groups requests by the expert of their next step
+(RequestState.compat_key), so a step batch straddling the boundary runs one forward per expert.
+
+`guidance_scale` guides both experts: it is diffusers' `guidance_scale_2` default (None ->
+`guidance_scale`); a separate low-noise scale is not exposed. Everything else (UMT5 text,
+float32 latents, flow UniPC, Wan VAE) is Wan2.1's.
+"""
+from __future__ import annotations
+
+from functools import partial
+from typing import Callable
+
+import torch
+
+from ..state import TextConditioning
+from .wan import WanT2VAdapter
+
+EXPERTS = ("transformer", "transformer_2")   # high-noise, low-noise
+
+
+class Wan22T2VAdapter(WanT2VAdapter):
+    family = "wan22-t2v"
+
+    @property
+    def transformer_modules(self) -> tuple[str, ...]:
+        return EXPERTS
+
+    @property
+    def boundary_timestep(self) -> float:
+        return self.pipe.config.boundary_ratio * self.pipe.scheduler.config.num_train_timesteps
+
+    def step_modules(self, timesteps: torch.Tensor) -> tuple[str, ...]:
+        boundary = self.boundary_timestep
+        return tuple(EXPERTS[0] if t >= boundary else EXPERTS[1] for t in timesteps.tolist())
+
+    def forward_for(self, module: str) -> Callable[[torch.Tensor, torch.Tensor, TextConditioning], torch.Tensor]:
+        return partial(self.run_transformer, getattr(self.pipe, module))
+
+    def check_variant(self) -> None:
+        config, path = self.pipe.config, self.deployment.model.path
+        if config.get("boundary_ratio") is None:
+            raise ValueError(f"{path} has no boundary_ratio (one transformer): family \"wan22-t2v\" serves two-expert "
+                             f"Wan2.2 A14B checkpoints; set [model] family = \"wan-t2v\"")
+        if config.get("expand_timesteps"):
+            raise ValueError(f"{path} is Wan2.2 TI2V (expand_timesteps), which is not served yet")
+
+    def check_limits(self, stage: str) -> None:
+        if stage == "dit" and self.pipe.transformer_2 is None:
+            raise ValueError(f"{self.deployment.model.path} has boundary_ratio={self.pipe.config.boundary_ratio} but "
+                             f"no transformer_2 (the low-noise expert)")
+        super().check_limits(stage)

@@ -1,0 +1,84 @@
+"""Wan22T2VAdapter on the tiny Wan2.2 A14B pipeline against plain diffusers WanPipeline (no server).
+
+The tiny pipeline's two experts have different random weights, so a row run by the wrong
+expert would not match diffusers. With 10 steps its timesteps are
+[999, 964, 923, 875 | 818, ...]: four steps of the high-noise `transformer`, then six of
+the low-noise `transformer_2` (boundary 0.875 x 1000, `t >= boundary` is high-noise).
+
+Parity tolerance: 1 uint8 level (tests/test_wan_adapter.py says why).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from diffusers import WanPipeline
+
+from conftest import diffusers_video
+from ditserve.adapters import adapter_for
+from ditserve.deployment import load_deployment
+from ditserve.schema import GenerationParams
+from wan_helpers import assert_close, oracle, run_engine, stage_adapters, video_params
+
+DEP = load_deployment("configs/tiny-wan22.toml")
+HIGH, LOW = "transformer", "transformer_2"
+
+
+@pytest.fixture(scope="module")
+def stages():
+    return stage_adapters(DEP)
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    return oracle(WanPipeline, DEP)
+
+
+def encode(stages, p: GenerationParams):
+    return stages["text_encoder"].encode_prompts([p.negative_prompt, p.prompt] if p.do_cfg else [p.prompt])
+
+
+def expected(pipe, p: GenerationParams):
+    return diffusers_video(pipe, p.prompt, p.seed, p.num_inference_steps, p.guidance_scale, p.num_frames,
+                           p.height, p.width, p.negative_prompt)
+
+
+def test_each_step_runs_the_expert_diffusers_picks(stages):
+    state = stages["dit"].prepare("plan", video_params(seed=1), encode(stages, video_params(seed=1)))
+    assert state.timesteps.tolist()[3:5] == [875, 818]
+    assert state.modules == (HIGH,) * 4 + (LOW,) * 6
+    assert set(stages["dit"].runners) == {HIGH, LOW}
+
+
+def test_rows_straddling_the_boundary_split_by_expert_and_match_diffusers(stages, pipe, monkeypatch):
+    """Through the real StepEngine: `b` joins two steps after `a`, so while `a` runs the low-noise
+    expert `b` still runs the high-noise one; `c` is another size (its own group) and runs
+    without CFG. Every forward runs one expert, and every video equals diffusers'."""
+    requests = {"a": video_params(seed=1), "b": video_params(seed=2, guidance=3.0, prompt="a dog in the snow"),
+                "c": video_params(seed=3, guidance=1.0, frames=5, height=48, width=32)}
+    dit, forwards = stages["dit"], []
+    denoise = dit.denoise
+
+    def spy(states):
+        forwards.append((tuple(s.key for s in states), *sorted({s.module for s in states})))
+        return denoise(states)
+
+    monkeypatch.setattr(dit, "denoise", spy)
+    media, _ = run_engine(stages, requests, {"a": 0, "b": 2, "c": 1}, lambda p: encode(stages, p))
+    assert all(len(forward) == 2 for forward in forwards)        # never two experts in one forward
+    assert (("a", "b"), HIGH) in forwards and (("a", "b"), LOW) in forwards
+    # a's low-noise steps (ticks 4-9) fall while b is in flight (ticks 2-11): a tick of a
+    # low-noise forward of `a` alone also ran a high-noise one of `b` alone.
+    assert (("a",), LOW) in forwards and (("b",), HIGH) in forwards
+    for key, p in requests.items():
+        assert_close(media[key], expected(pipe, p))
+
+
+@pytest.mark.parametrize("family, path, words", [
+    ("wan-t2v", "models/tiny-wan22", 'two-expert Wan2.2 pipeline .* set \\[model\\] family = "wan22-t2v"'),
+    ("wan22-t2v", "models/tiny-wan-t2v", 'has no boundary_ratio .* set \\[model\\] family = "wan-t2v"'),
+])
+def test_a_checkpoint_of_the_other_wan_family_fails_at_load(family, path, words):
+    deployment = replace(DEP, model=replace(DEP.model, family=family, path=path))
+    with pytest.raises(ValueError, match=words):
+        adapter_for(family)(deployment, "text_encoder")
