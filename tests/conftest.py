@@ -27,6 +27,8 @@ TINY_FLUX = ROOT / "models" / "tiny-flux"
 FLUX_DEPLOYMENT = ROOT / "configs" / "tiny-flux.toml"
 TINY_SD3 = ROOT / "models" / "tiny-sd3"
 SD3_DEPLOYMENT = ROOT / "configs" / "tiny-sd3.toml"
+TINY_WAN22 = ROOT / "models" / "tiny-wan22"
+WAN22_DEPLOYMENT = ROOT / "configs" / "tiny-wan22.toml"
 
 
 
@@ -95,6 +97,14 @@ def flux_server(tmp_path_factory):
 def sd3_server(tmp_path_factory):
     """A real server for the tiny Stable Diffusion 3.5 deployment (txt2img / txt2img_stream)."""
     srv = rendered_server(tmp_path_factory, SD3_DEPLOYMENT, TINY_SD3, "sd3-server")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def wan22_server(tmp_path_factory):
+    """A real server for the tiny Wan2.2 A14B deployment (two experts; txt2vid / txt2vid_stream)."""
+    srv = rendered_server(tmp_path_factory, WAN22_DEPLOYMENT, TINY_WAN22, "wan22-server")
     yield srv
     srv.stop()
 

@@ -1,0 +1,75 @@
+"""txt2vid / txt2vid_stream served by the tiny Wan2.2 A14B deployment (two experts) on a real
+tritonserver, through the real tritonclient, against plain diffusers WanPipeline.
+
+The experts have different random weights (tests/test_wan22_adapter.py), so a row run by the
+wrong expert would not match. Parity tolerance: 1 uint8 level (tests/test_wan_adapter.py says why).
+"""
+from __future__ import annotations
+
+import pytest
+import tritonclient.grpc as grpcclient
+from diffusers import WanPipeline
+from tritonclient.utils import InferenceServerException
+
+from conftest import WAN22_DEPLOYMENT, diffusers_video
+from ditserve.client import DitClient, GenerationRequest
+from ditserve.deployment import load_deployment
+from helpers import grpc_inputs, run_staggered_batched
+from wan_helpers import assert_close, oracle
+
+
+@pytest.fixture(scope="module")
+def wan22_pipe():
+    return oracle(WanPipeline, load_deployment(WAN22_DEPLOYMENT))
+
+
+def expected(pipe, request: GenerationRequest):
+    return diffusers_video(pipe, request.prompt, request.seed, request.num_inference_steps, request.guidance_scale,
+                           request.num_frames, request.height or 64, request.width or 64,
+                           request.negative_prompt or "")
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc-stream"])
+def test_parity_with_diffusers_across_the_expert_boundary(wan22_server, wan22_pipe, protocol):
+    """10 steps: 4 of the high-noise expert, 6 of the low-noise one."""
+    url = wan22_server.http_url if protocol == "http" else wan22_server.grpc_url
+    request = GenerationRequest("waves rolling onto a beach", negative_prompt="blurry", seed=7,
+                                num_inference_steps=10, guidance_scale=4.0, num_frames=9)
+    with DitClient(url, protocol, task="txt2vid") as client:
+        result = client.generate(request)
+    assert result.media.shape == (9, 64, 64, 3)
+    assert result.steps_reported == (10 if protocol == "grpc-stream" else 0)
+    assert_close(result.media, expected(wan22_pipe, request))
+
+
+def test_staggered_videos_straddling_the_boundary_and_of_mixed_sizes_match_diffusers(wan22_server, wan22_pipe):
+    """The second request joins the first mid-denoise; with 100 and 16 steps the second runs
+    the low-noise expert from its step 6, while the first runs the high-noise one up to its
+    step 31, so unless the first ran 25 steps before the second joined, their rows need
+    different experts in one step batch (the adapter test shows the split forwards). The
+    third is another size and runs without CFG."""
+    requests = [GenerationRequest("a red car", seed=11, num_inference_steps=100, guidance_scale=5.0, num_frames=9),
+                GenerationRequest("a blue sea", negative_prompt="dark", seed=22, num_inference_steps=16,
+                                  guidance_scale=3.0, num_frames=9),
+                GenerationRequest("a green hill", seed=33, num_inference_steps=12, guidance_scale=1.0, num_frames=5,
+                                  height=48, width=32)]
+    results = run_staggered_batched(wan22_server, requests, task="txt2vid")
+    for request, (progress, frames) in zip(requests, results):
+        assert [done for done, _ in progress] == list(range(1, request.num_inference_steps + 1))
+        assert_close(frames, expected(wan22_pipe, request))
+
+
+@pytest.mark.parametrize("inputs, words", [
+    (dict(num_frames=8), ["num_frames", "4 x k + 1"]),
+    (dict(height=72), ["height", "multiple of 16"]),
+    (dict(guidance_scale=31.0), ["guidance_scale", "[0.0, 30.0]"]),
+])
+def test_bad_inputs_are_rejected_by_name(wan22_server, inputs, words):
+    with grpcclient.InferenceServerClient(wan22_server.grpc_url) as client:
+        with pytest.raises(InferenceServerException) as err:
+            client.infer("txt2vid", grpc_inputs(GenerationRequest("a cat", seed=1, **inputs)))
+        for word in words:
+            assert word in err.value.message(), err.value.message()
+        video = client.infer("txt2vid", grpc_inputs(GenerationRequest("a cat", seed=1, num_inference_steps=2,
+                                                                      num_frames=5)))
+        assert video.as_numpy("video").shape == (5, 64, 64, 3)
