@@ -11,6 +11,11 @@
       (transformer 16.4B with image cross-attention and 36 input channels, UMT5-XXL encoder
       5.7B, CLIP ViT-H/14 vision encoder 0.63B + CLIPImageProcessor, Wan2.1 VAE, flow UniPC),
       ~46 GB in bf16, into `models/wan2.1-i2v-14b-480p-random/`.
+  --family wan22-t2v: same classes and configs as `Wan-AI/Wan2.2-T2V-A14B-Diffusers` (two
+      14.3B experts, high-noise `transformer` and low-noise `transformer_2`, switched at
+      boundary_ratio 0.875; UMT5-XXL encoder 5.7B, Wan2.1 VAE, flow UniPC), ~68 GB in bf16, into
+      `models/wan2.2-t2v-a14b-random/`: more than one H200 machine's 64 GiB disk, so build it on
+      nvidia-h200-x2 (128 GiB) or with fewer --transformer-layers.
   --family flux: same classes and configs as `black-forest-labs/FLUX.1-dev` (transformer 11.9B:
       19 double- and 38 single-stream blocks, CLIP-L text 0.12B, T5-v1.1-XXL encoder 4.8B,
       16-channel VAE, dynamic-shift flow-match Euler), ~34 GB in bf16, into
@@ -74,6 +79,8 @@ from build_tiny_pipelines import (  # noqa: E402  (offline T5 and CLIP tokenizer
     SDXL_VAE_CONFIG,
     WAN_I2V_IMAGE_ENCODER_CONFIG,
     WAN_I2V_IMAGE_PROCESSOR_CONFIG,
+    WAN22_T2V_BOUNDARY_RATIO,
+    WAN22_T2V_TRANSFORMER_CONFIG,
     WAN_I2V_TRANSFORMER_CONFIG,
     WAN_T2V_SCHEDULER_CONFIG,
     WAN_T2V_TRANSFORMER_CONFIG,
@@ -289,6 +296,15 @@ def wan_i2v_components(args: argparse.Namespace, device: torch.device, dtype: to
             "image_processor": CLIPImageProcessor(**WAN_I2V_IMAGE_PROCESSOR_CONFIG)}
 
 
+def wan22_components(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, timer: Timer) -> dict:
+    """Wan2.2 A14B T2V: the Wan2.1 parts with the 14B transformer, and a second one as the low-noise expert."""
+    components = wan_components(args, device, dtype, timer, WAN22_T2V_TRANSFORMER_CONFIG)
+    with timer("transformer_2 init"), build_context(device, dtype):
+        transformer_2 = WanTransformer3DModel(**{**WAN22_T2V_TRANSFORMER_CONFIG,
+                                                 "num_layers": args.transformer_layers}).eval()
+    return {**components, "transformer_2": transformer_2, "boundary_ratio": WAN22_T2V_BOUNDARY_RATIO}
+
+
 @torch.inference_mode()
 def wan_check(c: dict, device: torch.device, latent_side: int) -> dict:
     """One UMT5 encode, one transformer forward and one VAE decode on random inputs: all finite.
@@ -471,6 +487,13 @@ FAMILIES = {
         verify_kwargs=dict(guidance_scale=5.0, num_frames=9, image=tiny_input_image()),
         finish=name_clip_image_processor,
     ),
+    "wan22-t2v": Family(
+        reference="Wan-AI/Wan2.2-T2V-A14B-Diffusers",
+        default_out=REPO_ROOT / "models" / "wan2.2-t2v-a14b-random",
+        text_encoder_layers=24, transformer_layers=40, pipeline_class=WanPipeline,
+        components=wan22_components, check=wan_check,
+        verify_kwargs=dict(guidance_scale=4.0, num_frames=9),
+    ),
     "flux": Family(
         reference="black-forest-labs/FLUX.1-dev",
         default_out=REPO_ROOT / "models" / "flux.1-dev-random",
@@ -562,13 +585,13 @@ def main() -> int:
     ap.add_argument("--family", default="pixart-sigma", choices=sorted(FAMILIES),
                     help="which architecture (default pixart-sigma)")
     ap.add_argument("--out", help="output folder (default models/pixart-sigma-1024-random, "
-                                  "models/wan2.1-t2v-1.3b-random, models/wan2.1-i2v-14b-480p-random, "
+                                  "models/wan2.1-t2v-1.3b-random, models/wan2.1-i2v-14b-480p-random, models/wan2.2-t2v-a14b-random, "
                                   "models/flux.1-dev-random or models/sd3.5-large-random)")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     ap.add_argument("--device", default="cuda", help="cuda | cuda:N | cpu (default cuda)")
     ap.add_argument("--text-encoder-layers", type=int, help="encoder blocks (default: the real 24; fewer for smoke)")
     ap.add_argument("--transformer-layers", type=int,
-                    help="transformer blocks (default: the real 28 PixArt / 30 Wan T2V / 40 Wan I2V / 19 "
+                    help="transformer blocks (default: the real 28 PixArt / 30 Wan T2V / 40 Wan I2V and Wan2.2 / 19 "
                          "FLUX double-stream, with twice as many single-stream / 38 SD3.5; fewer for smoke)")
     ap.add_argument("--skip-check", action="store_true", help="skip the finite-output forward before saving")
     ap.add_argument("--check-latent-side", type=int, default=0,

@@ -36,8 +36,11 @@ from diffusers import (
     FlowMatchEulerDiscreteScheduler,
     FluxPipeline,
     FluxTransformer2DModel,
+    AutoencoderKLQwenImage,
     PixArtSigmaPipeline,
     PixArtTransformer2DModel,
+    QwenImagePipeline,
+    QwenImageTransformer2DModel,
     SD3Transformer2DModel,
     StableDiffusion3Pipeline,
     UniPCMultistepScheduler,
@@ -55,6 +58,9 @@ from transformers import (
     CLIPVisionConfig,
     CLIPVisionModel,
     PreTrainedModel,
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
+    Qwen2Tokenizer,
     T5EncoderModel,
     T5Tokenizer,
     UMT5EncoderModel,
@@ -140,12 +146,6 @@ WAN_T2V_TRANSFORMER_CONFIG = dict(
     rope_max_seq_len=1024,
 )
 
-# Wan-AI/Wan2.2-T2V-A14B-Diffusers model_index.json: the high-noise expert (`transformer`) runs
-# while t >= boundary_ratio x 1000, the low-noise one (`transformer_2`) after. Each expert is
-# the 14B block of Wan2.1 (40 heads x 128, 40 layers, WAN_I2V_TRANSFORMER_CONFIG without the
-# image inputs) over 16 channels.
-WAN22_T2V_BOUNDARY_RATIO = 0.875
-
 # Wan-AI/Wan2.1-I2V-14B-480P-Diffusers transformer/config.json: the 14B block with image
 # cross-attention (CLIP tokens lifted to the hidden width, hence added_kv_proj_dim = 40 * 128)
 # and 36 input channels (16 noise + 4 first-frame mask + 16 condition latents).
@@ -158,6 +158,19 @@ WAN_I2V_TRANSFORMER_CONFIG = {
     "num_layers": 40,
     "image_dim": 1280,  # CLIP ViT-H/14 width
     "added_kv_proj_dim": 5120,
+}
+
+# Wan-AI/Wan2.2-T2V-A14B-Diffusers: model_index.json's boundary_ratio (the high-noise expert
+# `transformer` runs while t >= boundary_ratio x 1000, the low-noise `transformer_2` after) and
+# the experts' transformer/config.json (both alike): Wan2.1's 14B block over 16 channels, no
+# image inputs.
+WAN22_T2V_BOUNDARY_RATIO = 0.875
+WAN22_T2V_TRANSFORMER_CONFIG = {
+    **WAN_T2V_TRANSFORMER_CONFIG,
+    "num_attention_heads": 40,
+    "attention_head_dim": 128,  # hidden 5120
+    "ffn_dim": 13824,
+    "num_layers": 40,
 }
 
 # Its image_encoder/config.json (CLIPVisionModel, open_clip ViT-H/14 laion2B; the pipeline
@@ -347,6 +360,103 @@ CLIP_G_TEXT_CONFIG = {
     "num_attention_heads": 20,
     "hidden_act": "gelu",
 }
+
+# Qwen/Qwen-Image: transformer/config.json (60 dual-stream blocks of 24 heads x 128, 2x2-packed
+# 16-channel latents, Qwen2.5-VL-7B context of width 3584, no guidance embedding), its VAE
+# (AutoencoderKLQwenImage: the Wan2.1 VAE's layout and per-channel latent statistics, run on
+# one frame) and scheduler/scheduler_config.json (flow-match Euler, dynamic shift up to 0.9
+# over 8192 tokens, stretched to a terminal sigma of 0.02).
+QWEN_IMAGE_TRANSFORMER_CONFIG = dict(
+    patch_size=2,
+    in_channels=64,
+    out_channels=16,
+    num_layers=60,
+    attention_head_dim=128,
+    num_attention_heads=24,
+    joint_attention_dim=3584,
+    guidance_embeds=False,
+    axes_dims_rope=(16, 56, 56),  # sums to the head dim
+)
+QWEN_IMAGE_VAE_CONFIG = WAN_VAE_CONFIG
+QWEN_IMAGE_SCHEDULER_CONFIG = dict(
+    num_train_timesteps=1000,
+    shift=1.0,
+    use_dynamic_shifting=True,
+    base_shift=0.5,
+    max_shift=0.9,
+    base_image_seq_len=256,
+    max_image_seq_len=8192,
+    shift_terminal=0.02,
+    time_shift_type="exponential",
+)
+# Its text_encoder/config.json (Qwen/Qwen2.5-VL-7B-Instruct): the language model the pipeline
+# reads the last hidden state of, and the vision tower it never runs for text-to-image.
+QWEN25_VL_TEXT_CONFIG = dict(
+    vocab_size=152064,
+    hidden_size=3584,
+    intermediate_size=18944,
+    num_hidden_layers=28,
+    num_attention_heads=28,
+    num_key_value_heads=4,
+    hidden_act="silu",
+    max_position_embeddings=128000,
+    rms_norm_eps=1e-6,
+    rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]},
+    tie_word_embeddings=False,
+)
+QWEN25_VL_VISION_CONFIG = dict(
+    depth=32,
+    hidden_size=1280,
+    intermediate_size=3420,
+    num_heads=16,
+    out_hidden_size=3584,
+    patch_size=14,
+    spatial_merge_size=2,
+    temporal_patch_size=2,
+    window_size=112,
+    fullatt_block_indexes=[7, 15, 23, 31],
+    tokens_per_second=2,
+)
+# Qwen2.5-VL's special tokens (the chat template's and the vision placeholders), in its id order.
+QWEN_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+                       "<|image_pad|>", "<|video_pad|>")
+# Words of QwenImagePipeline's prompt template, given whole-word pieces like COMMON_WORDS.
+QWEN_TEMPLATE_WORDS = ("system user assistant Describe describe image detailing color shape size texture quantity "
+                       "text spatial relationships objects background").split()
+
+
+def tiny_qwen_tokenizer() -> Qwen2Tokenizer:
+    """Byte-level BPE Qwen2 tokenizer built in memory: the 256 byte symbols, merges that spell
+    the template's and COMMON_WORDS' words (after a space first, so they win), and Qwen2.5-VL's
+    special tokens; `<|endoftext|>` pads, as in the real one."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    vocab = {symbol: i for i, symbol in enumerate(bytes_to_unicode().values())}
+    merges = []
+    words = dict.fromkeys([*QWEN_TEMPLATE_WORDS, *COMMON_WORDS])
+    for word in [*("Ġ" + w for w in words), *words]:   # "Ġ" is the byte-level space
+        piece = word[0]
+        for symbol in word[1:]:
+            if piece + symbol not in vocab:
+                vocab[piece + symbol] = len(vocab)
+                merges.append((piece, symbol))
+            piece += symbol
+    for token in QWEN_SPECIAL_TOKENS:
+        vocab[token] = len(vocab)
+    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=merges, model_max_length=2048)
+    tokenizer.add_special_tokens({"additional_special_tokens": list(QWEN_SPECIAL_TOKENS[1:])})
+    return tokenizer
+
+
+def qwen25_vl_config(tokenizer: Qwen2Tokenizer, text: dict[str, Any], vision: dict[str, Any]) -> Qwen2_5_VLConfig:
+    """A Qwen2.5-VL config over `tokenizer`'s vocabulary and special-token ids."""
+    ids = {name: tokenizer.convert_tokens_to_ids(f"<|{name}|>") for name in
+           ("endoftext", "im_end", "image_pad", "video_pad", "vision_start", "vision_end")}
+    return Qwen2_5_VLConfig(
+        text_config={**text, "vocab_size": len(tokenizer), "bos_token_id": ids["endoftext"],
+                     "eos_token_id": ids["im_end"], "pad_token_id": ids["endoftext"]},
+        vision_config=vision, image_token_id=ids["image_pad"], video_token_id=ids["video_pad"],
+        vision_start_token_id=ids["vision_start"], vision_end_token_id=ids["vision_end"])
 
 
 def tiny_clip_tokenizer() -> CLIPTokenizer:
@@ -602,6 +712,45 @@ def build_tiny_sd3() -> DiffusionPipeline:
         text_encoder_3=text_encoder_3, tokenizer_3=tokenizer_3)
 
 
+def build_tiny_qwen_image() -> DiffusionPipeline:
+    """Qwen-Image shrunk: the same classes, chat template, packed 16-channel latents, VAE
+    statistics and scheduler; a 2-layer Qwen2.5-VL of width 32 (its vision tower 1 block),
+    2 transformer blocks of 2 heads x 16 and a 2-channel VAE."""
+    tokenizer = tiny_qwen_tokenizer()
+    torch.manual_seed(SEED)
+    text_encoder = Qwen2_5_VLForConditionalGeneration(qwen25_vl_config(tokenizer, {
+        **QWEN25_VL_TEXT_CONFIG,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "max_position_embeddings": 4096,
+        "rope_parameters": {**QWEN25_VL_TEXT_CONFIG["rope_parameters"], "mrope_section": [2, 3, 3]},  # head dim 16
+    }, {
+        **QWEN25_VL_VISION_CONFIG,
+        "depth": 1,
+        "hidden_size": 16,
+        "intermediate_size": 32,
+        "num_heads": 2,
+        "out_hidden_size": 32,
+        "fullatt_block_indexes": [0],
+    })).eval()
+    torch.manual_seed(SEED)
+    transformer = QwenImageTransformer2DModel(**{
+        **QWEN_IMAGE_TRANSFORMER_CONFIG,
+        "num_layers": 2,
+        "attention_head_dim": 16,
+        "num_attention_heads": 2,
+        "joint_attention_dim": text_encoder.config.text_config.hidden_size,
+        "axes_dims_rope": (4, 6, 6),
+    }).eval()
+    torch.manual_seed(SEED)
+    vae = AutoencoderKLQwenImage(**{**QWEN_IMAGE_VAE_CONFIG, "base_dim": 2, "num_res_blocks": 0}).eval()
+    return QwenImagePipeline(scheduler=FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER_CONFIG), vae=vae,
+                             text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer)
+
+
 def tiny_input_image(height: int = 40, width: int = 56) -> Image.Image:
     """A deterministic RGB test image (smooth gradients plus a square), of another size than
     the video so that the pipeline's resize runs."""
@@ -654,6 +803,11 @@ PIPELINES: dict[str, TinySpec] = {
         build=build_tiny_sd3,
         smoke_kwargs=dict(prompt="a photo of a cat", height=64, width=64, num_inference_steps=2, guidance_scale=5.0,
                           max_sequence_length=32),
+    ),
+    "tiny-qwen-image": TinySpec(
+        build=build_tiny_qwen_image,
+        smoke_kwargs=dict(prompt="a photo of a cat", negative_prompt=" ", height=64, width=64, num_inference_steps=2,
+                          true_cfg_scale=4.0, max_sequence_length=128),
     ),
 }
 

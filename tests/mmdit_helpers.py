@@ -1,5 +1,5 @@
-"""The oracles shared by the FLUX.1 and SD3 adapter and server tests: plain diffusers
-FluxPipeline and StableDiffusion3Pipeline at the tiny deployments' T5 length."""
+"""The oracles shared by the image MMDiT adapter and server tests: plain diffusers
+FluxPipeline, StableDiffusion3Pipeline and QwenImagePipeline at the tiny deployments' text lengths."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,6 +9,7 @@ from ditserve.deployment import load_deployment
 
 FLUX_DEPLOYMENT = load_deployment("configs/tiny-flux.toml")
 SD3_DEPLOYMENT = load_deployment("configs/tiny-sd3.toml")
+QWEN_DEPLOYMENT = load_deployment("configs/tiny-qwen-image.toml")
 
 
 def _uint8(images) -> np.ndarray:
@@ -28,4 +29,12 @@ def diffusers_sd3_image(pipe, prompt: str, seed: int, steps: int, guidance: floa
     return _uint8(pipe(prompt, negative_prompt=negative_prompt, height=height, width=width,
                        num_inference_steps=steps, guidance_scale=guidance,
                        max_sequence_length=SD3_DEPLOYMENT.model.max_sequence_length,
+                       generator=torch.Generator("cpu").manual_seed(seed), output_type="np").images)
+
+
+def diffusers_qwen_image(pipe, prompt: str, seed: int, steps: int, guidance: float, height: int = 64,
+                         width: int = 64, negative_prompt: str = " ") -> np.ndarray:
+    """Our guidance_scale is the pipeline's true_cfg_scale; the negative prompt is always passed."""
+    return _uint8(pipe(prompt, negative_prompt=negative_prompt, true_cfg_scale=guidance, height=height, width=width,
+                       num_inference_steps=steps, max_sequence_length=QWEN_DEPLOYMENT.model.max_sequence_length,
                        generator=torch.Generator("cpu").manual_seed(seed), output_type="np").images)

@@ -18,7 +18,7 @@ from diffusers import StableDiffusion3Pipeline
 from ditserve.schema import GenerationParams
 from mmdit_helpers import SD3_DEPLOYMENT as DEP
 from mmdit_helpers import diffusers_sd3_image
-from wan_helpers import assert_close, oracle, run_engine, run_steps, stage_adapters
+from wan_helpers import assert_close, encode, oracle, run_engine, run_steps, stage_adapters
 
 
 @pytest.fixture(scope="module")
@@ -34,10 +34,6 @@ def pipe():
 def params(seed: int, steps: int = 6, guidance: float = 5.0, height: int = 64, width: int = 64,
            prompt: str = "a red cat on a blue sofa", negative: str = "blurry") -> GenerationParams:
     return GenerationParams(prompt, negative, height, width, steps, guidance, seed)
-
-
-def encode(stages, p: GenerationParams):
-    return stages["text_encoder"].encode_prompts([p.negative_prompt, p.prompt] if p.do_cfg else [p.prompt])
 
 
 def expected(pipe, p: GenerationParams) -> np.ndarray:

@@ -12,13 +12,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+import torch
 from diffusers import WanPipeline
 
-from conftest import diffusers_video
+from conftest import ROOT, diffusers_video
 from ditserve.adapters import adapter_for
-from ditserve.deployment import load_deployment
+from ditserve.deployment import load_deployment, write_variant
 from ditserve.schema import GenerationParams
-from wan_helpers import assert_close, oracle, run_engine, stage_adapters, video_params
+from wan_helpers import assert_close, encode, oracle, run_engine, stage_adapters, video_params
 
 DEP = load_deployment("configs/tiny-wan22.toml")
 HIGH, LOW = "transformer", "transformer_2"
@@ -32,10 +33,6 @@ def stages():
 @pytest.fixture(scope="module")
 def pipe():
     return oracle(WanPipeline, DEP)
-
-
-def encode(stages, p: GenerationParams):
-    return stages["text_encoder"].encode_prompts([p.negative_prompt, p.prompt] if p.do_cfg else [p.prompt])
 
 
 def expected(pipe, p: GenerationParams):
@@ -82,3 +79,20 @@ def test_a_checkpoint_of_the_other_wan_family_fails_at_load(family, path, words)
     deployment = replace(DEP, model=replace(DEP.model, family=family, path=path))
     with pytest.raises(ValueError, match=words):
         adapter_for(family)(deployment, "text_encoder")
+
+
+def test_each_expert_is_compiled_and_warmed_apart(tmp_path, stages):
+    """[accel] compile: warming compiles one forward per expert; a high-noise and a low-noise
+    row then run compiled, each equal to the eager forward of its own expert."""
+    fast = adapter_for(DEP.model.family)(
+        write_variant(ROOT / "configs" / "tiny-wan22.toml", tmp_path / "wan22.toml", {}, "test",
+                      accel={"transformer": "compile", "compile_backend": "aot_eager", "warm_sizes": ["9x64x64"]}),
+        "dit")
+    assert [v.split(" (")[0] for v in fast.warm_up().variants] == ["9x64x64", "9x64x64 transformer_2"]
+    p = video_params(seed=4, guidance=1.0)
+    cond = encode(stages, p)
+    for step in (0, 9):   # the high-noise expert's first step, the low-noise one's last
+        got, want = (adapter.prepare("x", p, cond) for adapter in (fast, stages["dit"]))
+        got.step_index = want.step_index = step
+        torch.testing.assert_close(fast.denoise([got])[0], stages["dit"].denoise([want])[0], rtol=1e-4, atol=1e-4)
+    assert fast.forward_calls == {"compiled": 2, "eager": 0}

@@ -9,7 +9,7 @@ from ditserve.adapters import adapter_for
 from ditserve.deployment import Deployment
 from ditserve.engine import StepEngine
 from ditserve.schema import GenerationParams
-from ditserve.state import RequestState
+from ditserve.state import RequestState, TextConditioning
 
 TOLERANCE = 1   # uint8 levels; why: the docstrings of test_wan_adapter.py / test_wan_i2v_adapter.py
 
@@ -25,6 +25,12 @@ def oracle(pipeline_class, deployment: Deployment):
     pipe = pipeline_class.from_pretrained(deployment.model_location())
     pipe.set_progress_bar_config(disable=True)
     return pipe
+
+
+def encode(stages, params: GenerationParams) -> TextConditioning:
+    """The request's conditioning from the text_encoder stage's adapter: [negative, prompt] rows with CFG."""
+    texts = [params.negative_prompt, params.prompt] if params.do_cfg else [params.prompt]
+    return stages["text_encoder"].encode_prompts(texts)
 
 
 def video_params(seed: int, guidance: float = 5.0, frames: int = 9, height: int = 64, width: int = 64,

@@ -4,6 +4,7 @@ from __future__ import annotations
 from .base import FamilyAdapter
 from .flux import FluxAdapter
 from .pixart_sigma import PixArtSigmaAdapter
+from .qwen_image import QwenImageAdapter
 from .sd3 import SD3Adapter
 from .wan import WanT2VAdapter
 from .wan22 import Wan22T2VAdapter
@@ -11,7 +12,8 @@ from .wan_i2v import WanI2VAdapter
 
 ADAPTERS: dict[str, type[FamilyAdapter]] = {
     adapter.family: adapter
-    for adapter in (PixArtSigmaAdapter, WanT2VAdapter, WanI2VAdapter, FluxAdapter, SD3Adapter, Wan22T2VAdapter)
+    for adapter in (PixArtSigmaAdapter, WanT2VAdapter, WanI2VAdapter, FluxAdapter, SD3Adapter, Wan22T2VAdapter,
+                    QwenImageAdapter)
 }
 
 

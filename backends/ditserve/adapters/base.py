@@ -289,14 +289,14 @@ class FamilyAdapter(ABC):
             out = runner(*inputs)
         if not states[0].params.do_cfg:   # one compat key: all states guide alike
             return list(out.split(1))
-        # CFG over the batch at once, rows [negative, prompt] per request, each with its own
-        # scale; as diffusers' `uncond + scale * (text - uncond)` with a Python float scale
-        # (computed in float32, rounded to the output's dtype).
-        uncond, text = out[0::2], out[1::2]
+        # CFG over the batch at once, rows [negative, prompt] per request, each with its own scale.
         scales = torch.tensor([s.params.guidance_scale for s in states], dtype=torch.float32, device=out.device)
-        scales = scales.view(-1, *[1] * (out.ndim - 1))
-        guided = uncond + (scales * (text - uncond)).to(out.dtype)
-        return list(guided.split(1))
+        return list(self.guide(out[0::2], out[1::2], scales.view(-1, *[1] * (out.ndim - 1))).split(1))
+
+    def guide(self, uncond: torch.Tensor, text: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        """Classifier-free guidance of a batch: diffusers' `uncond + scale * (text - uncond)` with
+        a Python float scale (computed in float32, rounded to the output's dtype)."""
+        return uncond + (scales * (text - uncond)).to(uncond.dtype)
 
     def scheduler_step(self, state: RequestState, model_output: torch.Tensor) -> None:
         state.latents = state.scheduler.step(

@@ -7,8 +7,8 @@ Mirrors `FluxPipeline.__call__` with `true_cfg_scale=1` (no negative prompt, no 
   guidance   dev (`guidance_embeds`): `guidance_scale` feeds the transformer's guidance
              embedding, per request (`extra["guidance"]`); schnell: none
   schedule   flow-matching Euler on sigmas linspace(1, 1/N, N) with the shift `mu` of the
-             request's packed token count, so requests of different sizes get different
-             sigmas; each has its own scheduler anyway
+             request's packed token count (flow_shift.py), so requests of different sizes get
+             different sigmas; each has its own scheduler anyway
   latents    drawn and stepped in the VAE layout [1, 16, H/8, W/8] (the scheduler step is
              elementwise, so this equals stepping the packed ones); each forward packs them
              into 2x2 patches with their image ids and unpacks the output
@@ -16,10 +16,8 @@ Mirrors `FluxPipeline.__call__` with `true_cfg_scale=1` (no negative prompt, no 
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 from diffusers import FluxPipeline
-from diffusers.pipelines.flux.pipeline_flux import retrieve_timesteps
 
 from ..schema import GenerationParams
 from ..state import RequestState, TextConditioning
@@ -48,13 +46,6 @@ class FluxAdapter(MMDiTAdapter):
     @property
     def spatial_patch(self) -> int:
         return 2  # FluxPipeline packs 2x2 latents into one token (the transformer's patch_size is 1)
-
-    def set_timesteps(self, scheduler, params: GenerationParams) -> None:
-        steps = params.num_inference_steps
-        sigmas = None if scheduler.config.get("use_flow_sigmas") else np.linspace(1.0, 1 / steps, steps)
-        retrieve_timesteps(scheduler, steps, self.device, sigmas=sigmas,
-                           mu=self.shift_mu(scheduler, params, max_shift=1.15))
-        scheduler.set_begin_index(0)  # as FluxPipeline
 
     def prepare(self, key: str, params: GenerationParams, cond: TextConditioning) -> RequestState:
         """Guidance added for dev: a per-request [1] float32, as the pipeline makes it."""

@@ -1,7 +1,7 @@
 """What the MMDiT image families (FLUX.1, Stable Diffusion 3.x) share: a transformer that
 attends jointly over a T5 (+ CLIP) token sequence and the image tokens, conditioned on a
 pooled CLIP vector, under a flow-matching Euler schedule whose shift may depend on the image
-size (`mu`), so requests of different sizes get different sigmas.
+size (`mu`, flow_shift.py), so requests of different sizes get different sigmas.
 
 A family implements `encode_pooled` (its pipeline's `encode_prompt`, one row per text); the
 pooled vectors travel per row as `TextConditioning.extra["pooled_embeds"]`
@@ -12,16 +12,16 @@ from __future__ import annotations
 from abc import abstractmethod
 
 import torch
-from diffusers.pipelines.flux.pipeline_flux import calculate_shift
 
 from ..schema import GenerationParams
 from ..state import RequestState, TextConditioning
 from .autoencoder_kl import AutoencoderKLAdapter
+from .flow_shift import SizeShiftedSchedule
 
 POOLED = "pooled_embeds"
 
 
-class MMDiTAdapter(AutoencoderKLAdapter):
+class MMDiTAdapter(SizeShiftedSchedule, AutoencoderKLAdapter):
     # ---- text_encoder stage --------------------------------------------------------------
     @abstractmethod
     def encode_pooled(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -48,15 +48,6 @@ class MMDiTAdapter(AutoencoderKLAdapter):
         cond = super().example_conditioning(params)
         cond.extra = {POOLED: torch.zeros(1, self.pipe.transformer.config.pooled_projection_dim, dtype=self.dtype)}
         return cond
-
-    def shift_mu(self, scheduler, params: GenerationParams, max_shift: float) -> float:
-        """The request's schedule shift, from its image token count, as the pipelines compute it
-        (`max_shift`: the pipeline's default where the scheduler config has none)."""
-        _, _, h, w = self.latent_shape(params)
-        tokens = (h // self.spatial_patch) * (w // self.spatial_patch)
-        config = scheduler.config
-        return calculate_shift(tokens, config.get("base_image_seq_len", 256), config.get("max_image_seq_len", 4096),
-                               config.get("base_shift", 0.5), config.get("max_shift", max_shift))
 
     def prepare(self, key: str, params: GenerationParams, cond: TextConditioning) -> RequestState:
         """The pooled embeddings checked (one row per text row) and cast as the pipeline has them."""

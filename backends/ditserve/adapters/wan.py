@@ -8,9 +8,7 @@ latent statistics undone before decoding.
 """
 from __future__ import annotations
 
-import inspect
 import math
-from functools import cached_property
 
 import torch
 from diffusers import AutoencoderKLWan, WanPipeline
@@ -18,10 +16,12 @@ from diffusers import AutoencoderKLWan, WanPipeline
 from ..schema import GenerationParams
 from ..state import RequestState, TextConditioning
 from .base import FamilyAdapter
+from .wan_vae import WanStyleVAE
 
 
-class WanT2VAdapter(FamilyAdapter):
+class WanT2VAdapter(WanStyleVAE, FamilyAdapter):
     pipeline_class = WanPipeline
+    vae_class = AutoencoderKLWan
     family = "wan-t2v"
     # transformer_2: Wan2.2's low-noise expert (wan22.py); Wan2.1 checkpoints have none.
     component_names = ("tokenizer", "text_encoder", "transformer", "transformer_2", "vae", "scheduler")
@@ -58,19 +58,6 @@ class WanT2VAdapter(FamilyAdapter):
         state.scheduler.set_begin_index(0)  # as WanPipeline: step i uses sigma i even if timesteps repeat
         return state
 
-    @cached_property
-    def _vae_config(self) -> dict:
-        """The VAE config with class defaults filled in, as `vae.config` has it once loaded.
-
-        The dit stage does not load the VAE, and Wan2.1 checkpoints predate the
-        `scale_factor_*` keys, so read the file and fall back to the defaults.
-        """
-        if self.pipe.vae is not None:
-            return dict(self.pipe.vae.config)
-        defaults = {name: p.default for name, p in inspect.signature(AutoencoderKLWan.__init__).parameters.items()
-                    if p.default is not inspect.Parameter.empty}
-        return defaults | AutoencoderKLWan.load_config(self.deployment.model_location(), subfolder="vae")
-
     @property
     def vae_scale_factor(self) -> int:
         return self._vae_config["scale_factor_spatial"]
@@ -93,14 +80,6 @@ class WanT2VAdapter(FamilyAdapter):
         """Output stays in the transformer's dtype: WanPipeline applies CFG in that dtype too."""
         return transformer(hidden_states=latents.to(transformer.dtype), timestep=timesteps,
                            encoder_hidden_states=cond.embeds, return_dict=False)[0]
-
-    def latent_stats(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """The VAE's per-channel `latents_mean` and 1 / `latents_std`, [1, C, 1, 1, 1], built as WanPipeline does."""
-        config = self.pipe.vae.config
-        stats = (1, config.z_dim, 1, 1, 1)
-        latents_mean = torch.tensor(config.latents_mean).view(stats).to(device, dtype)
-        latents_std = 1.0 / torch.tensor(config.latents_std).view(stats).to(device, dtype)
-        return latents_mean, latents_std
 
     def decode_latents(self, latents: torch.Tensor) -> torch.Tensor:
         """[N, C, f, h, w] latents -> [N, F, 3, H, W] frames, un-normalised exactly as WanPipeline does."""
