@@ -29,6 +29,8 @@ TINY_SD3 = ROOT / "models" / "tiny-sd3"
 SD3_DEPLOYMENT = ROOT / "configs" / "tiny-sd3.toml"
 TINY_WAN22 = ROOT / "models" / "tiny-wan22"
 WAN22_DEPLOYMENT = ROOT / "configs" / "tiny-wan22.toml"
+TINY_QWEN = ROOT / "models" / "tiny-qwen-image"
+QWEN_DEPLOYMENT = ROOT / "configs" / "tiny-qwen-image.toml"
 
 
 
@@ -105,6 +107,14 @@ def sd3_server(tmp_path_factory):
 def wan22_server(tmp_path_factory):
     """A real server for the tiny Wan2.2 A14B deployment (two experts; txt2vid / txt2vid_stream)."""
     srv = rendered_server(tmp_path_factory, WAN22_DEPLOYMENT, TINY_WAN22, "wan22-server")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def qwen_server(tmp_path_factory):
+    """A real server for the tiny Qwen-Image deployment (txt2img / txt2img_stream)."""
+    srv = rendered_server(tmp_path_factory, QWEN_DEPLOYMENT, TINY_QWEN, "qwen-server")
     yield srv
     srv.stop()
 

@@ -64,6 +64,7 @@ class Limits:
     size_multiple: int = 16
     min_size: int = 256
     max_size: int = 2048
+    min_steps: int = 1           # Qwen-Image: 2 (its schedule stretched to a terminal sigma is NaN for 1 step)
     max_steps: int = 100
     max_guidance_scale: float = 30.0
     max_prompt_bytes: int = 8192

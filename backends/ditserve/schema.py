@@ -200,7 +200,7 @@ def check_params(params: GenerationParams, deployment: Deployment) -> Generation
     size = dict(low=lim.min_size, high=lim.max_size, multiple=lim.size_multiple)
     _in_range("height", params.height, **size)
     _in_range("width", params.width, **size)
-    _in_range("num_inference_steps", params.num_inference_steps, 1, lim.max_steps)
+    _in_range("num_inference_steps", params.num_inference_steps, lim.min_steps, lim.max_steps)
     if lim.max_guidance_scale == 0 and params.guidance_scale != 0:
         raise InvalidRequest(f"input 'guidance_scale'={params.guidance_scale}: this deployment's model takes no "
                              f"guidance ([limits] max_guidance_scale = 0, e.g. FLUX.1-schnell); leave it out or send 0")

@@ -111,6 +111,10 @@ class QwenImageAdapter(SizeShiftedSchedule, WanStyleVAE, FamilyAdapter):
         if self.pipe.transformer.config.guidance_embeds:
             raise ValueError(f"{path}'s transformer is guidance-distilled (guidance_embeds): family \"qwen-image\" "
                              f"serves true-CFG checkpoints only")
+        if self.pipe.scheduler.config.get("shift_terminal") and self.deployment.limits.min_steps < 2:
+            raise ValueError(f"{path}'s scheduler stretches its sigmas to shift_terminal="
+                             f"{self.pipe.scheduler.config.shift_terminal}, which makes a 1-step schedule NaN "
+                             f"(diffusers FlowMatchEulerDiscreteScheduler); set [limits] min_steps = 2")
         need = self.vae_scale_factor * PATCH
         if self.deployment.limits.size_multiple % need:
             raise ValueError(f"deployment [limits] size_multiple={self.deployment.limits.size_multiple} must be a "
