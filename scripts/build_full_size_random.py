@@ -16,6 +16,9 @@
       boundary_ratio 0.875; UMT5-XXL encoder 5.7B, Wan2.1 VAE, flow UniPC), ~68 GB in bf16, into
       `models/wan2.2-t2v-a14b-random/`: more than one H200 machine's 64 GiB disk, so build it on
       nvidia-h200-x2 (128 GiB) or with fewer --transformer-layers.
+  --family qwen-image: same classes and configs as `Qwen/Qwen-Image` (MMDiT 20.4B of 60
+      blocks, Qwen2.5-VL-7B text encoder 8.3B with its vision tower, Qwen-Image VAE,
+      size-shifted flow-match Euler), ~58 GB in bf16, into `models/qwen-image-random/`.
   --family flux: same classes and configs as `black-forest-labs/FLUX.1-dev` (transformer 11.9B:
       19 double- and 38 single-stream blocks, CLIP-L text 0.12B, T5-v1.1-XXL encoder 4.8B,
       16-channel VAE, dynamic-shift flow-match Euler), ~34 GB in bf16, into
@@ -73,6 +76,11 @@ from build_tiny_pipelines import (  # noqa: E402  (offline T5 and CLIP tokenizer
     FLUX_VAE_CONFIG,
     PIXART_SIGMA_SCHEDULER_CONFIG,
     PIXART_SIGMA_TRANSFORMER_CONFIG,
+    QWEN25_VL_TEXT_CONFIG,
+    QWEN25_VL_VISION_CONFIG,
+    QWEN_IMAGE_SCHEDULER_CONFIG,
+    QWEN_IMAGE_TRANSFORMER_CONFIG,
+    QWEN_IMAGE_VAE_CONFIG,
     SD3_SCHEDULER_CONFIG,
     SD3_TRANSFORMER_CONFIG,
     SD3_VAE_CONFIG,
@@ -86,12 +94,15 @@ from build_tiny_pipelines import (  # noqa: E402  (offline T5 and CLIP tokenizer
     WAN_T2V_TRANSFORMER_CONFIG,
     WAN_VAE_CONFIG,
     name_clip_image_processor,
+    qwen25_vl_config,
     tiny_clip_tokenizer,
     tiny_input_image,
+    tiny_qwen_tokenizer,
     tiny_t5_tokenizer,
 )
 from diffusers import (  # noqa: E402
     AutoencoderKL,
+    AutoencoderKLQwenImage,
     AutoencoderKLWan,
     DiffusionPipeline,
     DPMSolverMultistepScheduler,
@@ -100,6 +111,8 @@ from diffusers import (  # noqa: E402
     FluxTransformer2DModel,
     PixArtSigmaPipeline,
     PixArtTransformer2DModel,
+    QwenImagePipeline,
+    QwenImageTransformer2DModel,
     SD3Transformer2DModel,
     StableDiffusion3Pipeline,
     UniPCMultistepScheduler,
@@ -114,6 +127,7 @@ from transformers import (  # noqa: E402
     CLIPTextModelWithProjection,
     CLIPVisionConfig,
     CLIPVisionModel,
+    Qwen2_5_VLForConditionalGeneration,
     T5Config,
     T5EncoderModel,
     UMT5Config,
@@ -449,6 +463,45 @@ def sd3_check(c: dict, device: torch.device, latent_side: int) -> dict:
             "transformer": check_finite("transformer", noise), "vae_decode": check_finite("vae_decode", image)}
 
 
+QWEN_MAX_SEQUENCE_LENGTH = 512  # QwenImagePipeline's default
+
+
+def qwen_image_components(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, timer: Timer) -> dict:
+    """Qwen2.5-VL-7B (its vision tower too: the checkpoint holds it), the Qwen-Image MMDiT, its VAE."""
+    with timer("tokenizer"):
+        tokenizer = tiny_qwen_tokenizer()
+    with timer("text_encoder init"), build_context(device, dtype):
+        config = qwen25_vl_config(tokenizer, {**QWEN25_VL_TEXT_CONFIG, "num_hidden_layers": args.text_encoder_layers},
+                                  QWEN25_VL_VISION_CONFIG)
+        text_encoder = cast_if_needed(Qwen2_5_VLForConditionalGeneration(config), dtype).eval()
+    with timer("transformer init"), build_context(device, dtype):
+        transformer = QwenImageTransformer2DModel(**{**QWEN_IMAGE_TRANSFORMER_CONFIG,
+                                                     "num_layers": args.transformer_layers})
+        transformer = cast_if_needed(transformer, dtype).eval()
+    with timer("vae init"), build_context(device, dtype):
+        vae = cast_if_needed(AutoencoderKLQwenImage(**QWEN_IMAGE_VAE_CONFIG), dtype).eval()
+    return dict(tokenizer=tokenizer, text_encoder=text_encoder, transformer=transformer, vae=vae,
+                scheduler=FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER_CONFIG))
+
+
+@torch.inference_mode()
+def qwen_image_check(c: dict, device: torch.device, latent_side: int) -> dict:
+    """The pipeline's own prompt encode, one 2-row (true CFG) transformer forward, one VAE decode:
+    all finite. Default latents: 1328px on a GPU, 64px on a CPU."""
+    transformer, vae = c["transformer"], c["vae"]
+    embeds, mask = QwenImagePipeline(**c).encode_prompt(["a photo of a red cat on a blue sofa", " "], device=device,
+                                                        max_sequence_length=QWEN_MAX_SEQUENCE_LENGTH)
+    side = latent_side or (166 if device.type == "cuda" else 8)
+    latents = random_latents((2, (side // 2) ** 2, transformer.config.in_channels), device, transformer.dtype)
+    noise = transformer(hidden_states=latents, timestep=torch.tensor([1.0, 0.5], device=device, dtype=transformer.dtype),
+                        encoder_hidden_states=embeds, encoder_hidden_states_mask=mask,
+                        img_shapes=[[(1, side // 2, side // 2)]] * 2, return_dict=False)[0]
+    z = random_latents((1, vae.config.z_dim, 1, side, side), device, vae.dtype)
+    image = vae.decode(z, return_dict=False)[0]
+    return {"text_encoder": check_finite("text_encoder", embeds), "transformer": check_finite("transformer", noise),
+            "vae_decode": check_finite("vae_decode", image)}
+
+
 @dataclass(frozen=True)
 class Family:
     """What differs between the families this script builds."""
@@ -493,6 +546,15 @@ FAMILIES = {
         text_encoder_layers=24, transformer_layers=40, pipeline_class=WanPipeline,
         components=wan22_components, check=wan_check,
         verify_kwargs=dict(guidance_scale=4.0, num_frames=9),
+    ),
+    "qwen-image": Family(
+        reference="Qwen/Qwen-Image",
+        default_out=REPO_ROOT / "models" / "qwen-image-random",
+        text_encoder_layers=28, transformer_layers=60, pipeline_class=QwenImagePipeline,
+        components=qwen_image_components, check=qwen_image_check,
+        # 2 steps: its 1-step schedule (stretched to shift_terminal) is NaN
+        verify_kwargs=dict(negative_prompt=" ", true_cfg_scale=4.0, max_sequence_length=QWEN_MAX_SEQUENCE_LENGTH,
+                           num_inference_steps=2),
     ),
     "flux": Family(
         reference="black-forest-labs/FLUX.1-dev",
@@ -561,14 +623,15 @@ def build(args: argparse.Namespace, family: Family) -> dict:
 
 @torch.inference_mode()
 def verify_load(path: Path, family: Family, device: str, dtype: str, size: int) -> dict:
-    """Reload with from_pretrained (as a server would) and run one step."""
+    """Reload with from_pretrained (as a server would) and run one step (or the family's verify steps)."""
     start = time.perf_counter()
     pipe = family.pipeline_class.from_pretrained(path, torch_dtype=getattr(torch, dtype)).to(device)
     load_s = time.perf_counter() - start
     pipe.set_progress_bar_config(disable=True)
     start = time.perf_counter()
-    media = pipe(prompt="a photo of a cat", height=size, width=size, num_inference_steps=1, output_type="np",
-                 generator=torch.Generator("cpu").manual_seed(SEED), return_dict=False, **family.verify_kwargs)[0]
+    media = pipe(prompt="a photo of a cat", height=size, width=size, output_type="np",
+                 generator=torch.Generator("cpu").manual_seed(SEED), return_dict=False,
+                 **{"num_inference_steps": 1, **family.verify_kwargs})[0]
     run_s = time.perf_counter() - start
     media = np.asarray(media)
     if not np.isfinite(media).all():
@@ -586,13 +649,15 @@ def main() -> int:
                     help="which architecture (default pixart-sigma)")
     ap.add_argument("--out", help="output folder (default models/pixart-sigma-1024-random, "
                                   "models/wan2.1-t2v-1.3b-random, models/wan2.1-i2v-14b-480p-random, models/wan2.2-t2v-a14b-random, "
+                                  "models/qwen-image-random, "
                                   "models/flux.1-dev-random or models/sd3.5-large-random)")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     ap.add_argument("--device", default="cuda", help="cuda | cuda:N | cpu (default cuda)")
-    ap.add_argument("--text-encoder-layers", type=int, help="encoder blocks (default: the real 24; fewer for smoke)")
+    ap.add_argument("--text-encoder-layers", type=int,
+                    help="encoder blocks (default: the real 24, Qwen2.5-VL 28; fewer for smoke)")
     ap.add_argument("--transformer-layers", type=int,
                     help="transformer blocks (default: the real 28 PixArt / 30 Wan T2V / 40 Wan I2V and Wan2.2 / 19 "
-                         "FLUX double-stream, with twice as many single-stream / 38 SD3.5; fewer for smoke)")
+                         "FLUX double-stream, with twice as many single-stream / 38 SD3.5 / 60 Qwen-Image; fewer for smoke)")
     ap.add_argument("--skip-check", action="store_true", help="skip the finite-output forward before saving")
     ap.add_argument("--check-latent-side", type=int, default=0,
                     help="latent height and width of the check (default: the real size on cuda, small on cpu)")

@@ -449,11 +449,11 @@ def tiny_qwen_tokenizer() -> Qwen2Tokenizer:
 
 
 def qwen25_vl_config(tokenizer: Qwen2Tokenizer, text: dict[str, Any], vision: dict[str, Any]) -> Qwen2_5_VLConfig:
-    """A Qwen2.5-VL config over `tokenizer`'s vocabulary and special-token ids."""
+    """A Qwen2.5-VL config over `tokenizer`'s special-token ids."""
     ids = {name: tokenizer.convert_tokens_to_ids(f"<|{name}|>") for name in
            ("endoftext", "im_end", "image_pad", "video_pad", "vision_start", "vision_end")}
     return Qwen2_5_VLConfig(
-        text_config={**text, "vocab_size": len(tokenizer), "bos_token_id": ids["endoftext"],
+        text_config={**text, "bos_token_id": ids["endoftext"],
                      "eos_token_id": ids["im_end"], "pad_token_id": ids["endoftext"]},
         vision_config=vision, image_token_id=ids["image_pad"], video_token_id=ids["video_pad"],
         vision_start_token_id=ids["vision_start"], vision_end_token_id=ids["vision_end"])
@@ -720,6 +720,7 @@ def build_tiny_qwen_image() -> DiffusionPipeline:
     torch.manual_seed(SEED)
     text_encoder = Qwen2_5_VLForConditionalGeneration(qwen25_vl_config(tokenizer, {
         **QWEN25_VL_TEXT_CONFIG,
+        "vocab_size": len(tokenizer),
         "hidden_size": 32,
         "intermediate_size": 64,
         "num_hidden_layers": 2,
