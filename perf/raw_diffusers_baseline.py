@@ -44,6 +44,7 @@ class Family:
     call_kwargs: dict = field(default_factory=dict)
     video: bool = False
     image: bool = False             # conditioned on an input image (--image-data)
+    guidance: str = "guidance_scale"  # the call argument our guidance_scale is (Qwen-Image: true_cfg_scale)
 
 
 PIPELINES = {
@@ -51,6 +52,8 @@ PIPELINES = {
     "pixart-sigma": Family("PixArtSigmaPipeline", "images", {"use_resolution_binning": False, "clean_caption": False}),
     "wan-t2v": Family("WanPipeline", "frames", video=True),
     "wan-i2v": Family("WanImageToVideoPipeline", "frames", video=True, image=True),
+    "wan22-t2v": Family("WanPipeline", "frames", video=True),
+    "qwen-image": Family("QwenImagePipeline", "images", guidance="true_cfg_scale"),
 }
 
 
@@ -136,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         "height": args.height or d.height,
         "width": args.width or d.width,
         "num_inference_steps": args.steps or d.num_inference_steps,
-        "guidance_scale": d.guidance_scale if args.guidance_scale is None else args.guidance_scale,
+        family.guidance: d.guidance_scale if args.guidance_scale is None else args.guidance_scale,
     }
     if family.video:
         request["num_frames"] = args.frames or d.num_frames
