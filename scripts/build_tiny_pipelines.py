@@ -241,6 +241,35 @@ WAN_T2V_SCHEDULER_CONFIG = dict(
     final_sigmas_type="zero",
 )
 
+# Wan-AI/Wan2.2-TI2V-5B-Diffusers: model_index.json's expand_timesteps (a timestep per latent
+# token), its transformer/config.json (24 heads x 128, 30 layers, 48 channels) and the Wan2.2
+# VAE (vae/config.json: 48 latent channels, 2x2 pixel patches then 8x, i.e. 16x spatial and 4x
+# temporal compression, residual blocks, separate decoder width). Its per-channel latent
+# statistics are not reproduced here: the tiny build uses mean 0 / std 1.
+WAN22_TI2V_TRANSFORMER_CONFIG = {
+    **WAN_T2V_TRANSFORMER_CONFIG,
+    "num_attention_heads": 24,
+    "attention_head_dim": 128,  # hidden 3072
+    "in_channels": 48,
+    "out_channels": 48,
+    "ffn_dim": 14336,
+    "num_layers": 30,
+}
+WAN22_VAE_CONFIG = {
+    **WAN_VAE_CONFIG,
+    "base_dim": 160,
+    "decoder_base_dim": 256,
+    "z_dim": 48,
+    "is_residual": True,
+    "in_channels": 12,
+    "out_channels": 12,
+    "patch_size": 2,
+    "scale_factor_spatial": 16,
+    "scale_factor_temporal": 4,
+    "latents_mean": [0.0] * 48,
+    "latents_std": [1.0] * 48,
+}
+
 
 # black-forest-labs/FLUX.1-dev transformer/config.json: 19 double-stream and 38 single-stream
 # blocks of 24 heads x 128 (hidden 3072), 2x2-packed 16-channel latents (64 inputs), T5-XXL
@@ -615,6 +644,18 @@ def build_tiny_wan22() -> DiffusionPipeline:
     return WanPipeline(**parts, **experts, boundary_ratio=WAN22_T2V_BOUNDARY_RATIO)
 
 
+def build_tiny_wan22_ti2v() -> DiffusionPipeline:
+    """Wan2.2-TI2V-5B shrunk: tiny-wan-t2v's text encoder, tokenizer and scheduler, a narrow
+    Wan2.2 VAE (48 channels, 16x) and one transformer block over 48 channels, with a timestep
+    per token."""
+    parts = tiny_wan_parts()
+    torch.manual_seed(SEED)
+    parts["vae"] = AutoencoderKLWan(**{**WAN22_VAE_CONFIG, "base_dim": 4, "decoder_base_dim": 4,
+                                       "num_res_blocks": 1}).eval()
+    transformer = tiny_wan_transformer(WAN22_TI2V_TRANSFORMER_CONFIG, parts["text_encoder"].config.d_model)
+    return WanPipeline(**parts, transformer=transformer, expand_timesteps=True)
+
+
 def build_tiny_wan_i2v() -> DiffusionPipeline:
     """Wan2.1-I2V-14B-480P shrunk: tiny-wan-t2v's text encoder and scheduler, its VAE with
     one residual block per level (so that it encodes), a 2-layer CLIP vision tower on 32px
@@ -789,6 +830,10 @@ PIPELINES: dict[str, TinySpec] = {
     "tiny-wan22": TinySpec(
         build=build_tiny_wan22,
         smoke_kwargs=dict(prompt="a photo of a cat", height=64, width=64, num_frames=9, num_inference_steps=4),
+    ),
+    "tiny-wan22-ti2v": TinySpec(
+        build=build_tiny_wan22_ti2v,
+        smoke_kwargs=dict(prompt="a photo of a cat", height=64, width=64, num_frames=9, num_inference_steps=2),
     ),
     "tiny-wan-i2v": TinySpec(
         build=build_tiny_wan_i2v,

@@ -72,8 +72,9 @@ def test_rows_straddling_the_boundary_split_by_expert_and_match_diffusers(stages
 
 
 @pytest.mark.parametrize("family, path, words", [
-    ("wan-t2v", "models/tiny-wan22", 'two-expert Wan2.2 pipeline .* set \\[model\\] family = "wan22-t2v"'),
-    ("wan22-t2v", "models/tiny-wan-t2v", 'has no boundary_ratio .* set \\[model\\] family = "wan-t2v"'),
+    ("wan-t2v", "models/tiny-wan22", 'two-expert Wan2.2 A14B .* set \\[model\\] family = "wan22-t2v"'),
+    ("wan22-t2v", "models/tiny-wan-t2v", 'is a Wan2.1 .* set \\[model\\] family = "wan-t2v"'),
+    ("wan22-t2v", "models/tiny-wan22-ti2v", 'is a Wan2.2 TI2V-5B .* set \\[model\\] family = "wan22-ti2v"'),
 ])
 def test_a_checkpoint_of_the_other_wan_family_fails_at_load(family, path, words):
     deployment = replace(DEP, model=replace(DEP.model, family=family, path=path))

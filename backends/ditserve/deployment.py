@@ -24,7 +24,8 @@ ENGINE_MODES = ("serial", "request_batch", "step")
 SCHEDULERS = ("all", "cost")   # [engine] scheduler, step mode: ditserve/scheduler.py
 # The task each model family serves; it names the public models (`<task>`, `<task>_stream`).
 FAMILY_TASKS = {"pixart-sigma": "txt2img", "wan-t2v": "txt2vid", "wan-i2v": "img2vid", "flux": "txt2img",
-                "sd3": "txt2img", "wan22-t2v": "txt2vid", "qwen-image": "txt2img"}
+                "sd3": "txt2img", "wan22-t2v": "txt2vid", "qwen-image": "txt2img",
+                "wan22-ti2v": "txt2vid"}
 # Families whose `guidance_scale` is not classifier-free guidance: FLUX.1 is guidance-distilled
 # (dev feeds it to the transformer's guidance embedding, schnell takes none). They run one row
 # per request and have no negative prompt.

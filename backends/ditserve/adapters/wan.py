@@ -19,6 +19,19 @@ from .base import FamilyAdapter
 from .wan_vae import WanStyleVAE
 
 
+# The WanPipeline variants, by the family that serves them.
+WAN_T2V_VARIANTS = {"wan-t2v": "Wan2.1 (one transformer, no boundary_ratio)",
+                    "wan22-t2v": "two-expert Wan2.2 A14B (boundary_ratio, transformer_2)",
+                    "wan22-ti2v": "Wan2.2 TI2V-5B (expand_timesteps: a timestep per token)"}
+
+
+def wan_t2v_family(config) -> str:
+    """The family that serves a WanPipeline checkpoint with this model_index config."""
+    if config.get("expand_timesteps"):
+        return "wan22-ti2v"
+    return "wan-t2v" if config.get("boundary_ratio") is None else "wan22-t2v"
+
+
 class WanT2VAdapter(WanStyleVAE, FamilyAdapter):
     pipeline_class = WanPipeline
     vae_class = AutoencoderKLWan
@@ -88,14 +101,11 @@ class WanT2VAdapter(WanStyleVAE, FamilyAdapter):
         return video.transpose(1, 2)
 
     def check_variant(self) -> None:
-        """Wan2.1 runs one transformer at one timestep per row; Wan2.2's variants are told apart."""
-        config, path = self.pipe.config, self.deployment.model.path
-        if config.get("expand_timesteps"):
-            raise ValueError(f"{path} is Wan2.2 TI2V (expand_timesteps: a timestep per token), which is not "
-                             f"served yet")
-        if config.get("boundary_ratio") is not None:
-            raise ValueError(f"{path} is a two-expert Wan2.2 pipeline (boundary_ratio={config.boundary_ratio}): "
-                             f"set [model] family = \"wan22-t2v\"")
+        """A WanPipeline checkpoint is served by the family its config names (wan_t2v_family)."""
+        family = wan_t2v_family(self.pipe.config)
+        if family != self.family:
+            raise ValueError(f"{self.deployment.model.path} is a {WAN_T2V_VARIANTS[family]} pipeline: "
+                             f"set [model] family = \"{family}\"")
 
     def check_limits(self, stage: str) -> None:
         self.check_variant()

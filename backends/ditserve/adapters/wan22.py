@@ -41,14 +41,6 @@ class Wan22T2VAdapter(WanT2VAdapter):
     def forward_for(self, module: str) -> Callable[[torch.Tensor, torch.Tensor, TextConditioning], torch.Tensor]:
         return partial(self.run_transformer, getattr(self.pipe, module))
 
-    def check_variant(self) -> None:
-        config, path = self.pipe.config, self.deployment.model.path
-        if config.get("boundary_ratio") is None:
-            raise ValueError(f"{path} has no boundary_ratio (one transformer): family \"wan22-t2v\" serves two-expert "
-                             f"Wan2.2 A14B checkpoints; set [model] family = \"wan-t2v\"")
-        if config.get("expand_timesteps"):
-            raise ValueError(f"{path} is Wan2.2 TI2V (expand_timesteps), which is not served yet")
-
     def check_limits(self, stage: str) -> None:
         if stage == "dit" and self.pipe.transformer_2 is None:
             raise ValueError(f"{self.deployment.model.path} has boundary_ratio={self.pipe.config.boundary_ratio} but "
