@@ -157,12 +157,15 @@ class WanI2VAdapter(WanT2VAdapter):
         return transformer(hidden_states=hidden_states, timestep=timesteps, encoder_hidden_states=cond.embeds,
                            encoder_hidden_states_image=cond.extra[IMAGE_EMBEDS], return_dict=False)[0]
 
-    def check_limits(self, stage: str) -> None:
+    def check_variant(self) -> None:
         """Only Wan2.1 I2V (image cross-attention, one transformer) is mirrored here."""
-        path = self.deployment.model.path
         if self.pipe.config.boundary_ratio is not None or self.pipe.config.expand_timesteps:
-            raise ValueError(f"{path} is a Wan2.2 image-to-video pipeline (boundary_ratio / expand_timesteps); "
-                             f"family \"wan-i2v\" serves Wan2.1 I2V checkpoints only")
+            raise ValueError(f"{self.deployment.model.path} is a Wan2.2 image-to-video pipeline (boundary_ratio / "
+                             f"expand_timesteps); family \"wan-i2v\" serves Wan2.1 I2V checkpoints only")
+
+    def check_limits(self, stage: str) -> None:
+        path = self.deployment.model.path
+        self.check_variant()
         if stage == "vae_encode":
             for name in ("image_encoder", "image_processor"):
                 if getattr(self.pipe, name) is None:
