@@ -25,6 +25,9 @@ EXPERTS = ("transformer", "transformer_2")   # high-noise, low-noise
 
 class Wan22T2VAdapter(WanT2VAdapter):
     family = "wan22-t2v"
+    # No quality tiers yet: a request's First-Block Cache would carry one expert's residuals
+    # into the other's steps, and the cached forward runs `transformer` only.
+    cache_blocks = None
 
     @property
     def transformer_modules(self) -> tuple[str, ...]:

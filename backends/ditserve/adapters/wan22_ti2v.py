@@ -19,6 +19,7 @@ from .wan import WanT2VAdapter
 
 class Wan22TI2VAdapter(WanT2VAdapter):
     family = "wan22-ti2v"
+    cache_blocks = None   # quality tiers not tried with per-token timesteps yet
 
     def forward(self, latents: torch.Tensor, timesteps: torch.Tensor, cond: TextConditioning) -> torch.Tensor:
         """Each row's t repeated over its f x h/2 x w/2 tokens, in float32 as the pipeline's mask x t."""
