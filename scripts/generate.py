@@ -4,6 +4,7 @@
     python scripts/generate.py "a red cat on a sofa" --seed 1 --output cat.png
     python scripts/generate.py "waves at dusk" --task txt2vid --frames 17 --output waves.mp4
     python scripts/generate.py "the cat turns its head" --task img2vid --image cat.png --output cat.mp4
+    python scripts/generate.py "a red cat" --pipeline flux --output cat.png   # a server of several pipelines
 
 Images are written as PNG. Videos are written as the server's MP4 (H.264) when --output
 ends in .mp4, else as the raw uint8 frames [F, H, W, 3] in a .npy file.
@@ -30,6 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("prompt")
     p.add_argument("--task", choices=sorted(MEDIA_OUTPUT), default="txt2img",
                    help="what the server's deployment makes (default: %(default)s)")
+    p.add_argument("--pipeline", help="on a repository of several deployments: the pipeline to call "
+                                       "(its models are PIPELINE_<task>; see docs/pipelines.md)")
     p.add_argument("--frames", type=int, dest="num_frames", help="txt2vid/img2vid: number of frames (4k+1)")
     p.add_argument("--fps", type=int, help="txt2vid/img2vid: frame rate of the MP4")
     p.add_argument("--image", type=Path, help="img2vid: the conditioning image (any format PIL reads)")
@@ -70,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
 
     start = time.monotonic()
     try:
-        with DitClient(url, args.protocol, task=args.task, shm=args.shm) as client:
+        with DitClient(url, args.protocol, task=args.task, shm=args.shm, pipeline=args.pipeline) as client:
             result = client.generate(request, on_progress, timeout_s=args.timeout)
     except InferenceServerException as exc:
         print(f"error: the server rejected the request: {exc.message()}", file=sys.stderr)

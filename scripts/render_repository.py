@@ -26,6 +26,14 @@ groups (the deployment's [model] device places the weights).
     python scripts/render_repository.py --deployment configs/pixart-sigma-1024.toml --out /tmp/repo
     python scripts/render_repository.py --deployment configs/pixart-sigma-1024.toml --gpus 2 --out /tmp/repo2
     python scripts/render_repository.py --deployment configs/tiny-wan-t2v.toml --out /tmp/wan
+
+Several deployments side by side in one repository: name each (`--deployment NAME=PATH`, once
+per deployment). Every model of a named deployment gets the prefix `NAME_` (`pixart_txt2img`,
+`pixart_dit`, ...; ditserve.pipelines decides the names) and names its deployment and pipeline
+in its config.pbtxt, so the pipelines share nothing but the server (docs/pipelines.md):
+
+    python scripts/render_repository.py --deployment pixart=configs/tiny-pixart-sigma.toml \
+        --deployment flux=configs/tiny-flux.toml --out /tmp/multi
 """
 from __future__ import annotations
 
@@ -33,11 +41,13 @@ import argparse
 import re
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "backends"))
 from ditserve.deployment import DEFAULT_DEPLOYMENT, REPO_ROOT, TASK_CONDITIONING, Deployment, load_deployment  # noqa: E402
+from ditserve.pipelines import PipelineNames, check_pipeline_name  # noqa: E402
 
 PUBLIC_STAGE = 'parameters { key: "stage" value: { string_value: "generate" } }'
 # Stages that load weights onto a device: one instance per GPU with --gpus.
@@ -78,10 +88,11 @@ def gpu_instance_group(gpus: int, count: int = 1) -> str:
     return f"instance_group [{groups}]  # {count} instance(s) per GPU (render_repository.py --gpus {gpus})"
 
 
-def deployment_reference(deployment: Deployment) -> str | None:
-    """What the `deployment` parameter says: a repo-relative path when it can, None for the default."""
+def deployment_reference(deployment: Deployment, always: bool = False) -> str | None:
+    """What the `deployment` parameter says: a repo-relative path when it can, None for the
+    default unless `always` (a named pipeline never falls back to $DITSERVE_DEPLOYMENT)."""
     path = Path(deployment.source).resolve()
-    if path == (REPO_ROOT / DEFAULT_DEPLOYMENT).resolve():
+    if path == (REPO_ROOT / DEFAULT_DEPLOYMENT).resolve() and not always:
         return None
     return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
 
@@ -92,7 +103,9 @@ def public_models(repo: Path) -> list[Path]:
                   and PUBLIC_STAGE in (p / "config.pbtxt").read_text())
 
 
-def render(template: Path, out: Path, deployment: Deployment, gpus: int = 0) -> None:
+def render(template: Path, out: Path, deployment: Deployment, gpus: int = 0, pipeline: str | None = None) -> None:
+    """The repository of one deployment; with `pipeline`, its models carry that name (see
+    render_pipelines)."""
     capacity = deployment.engine.capacity
     if out.resolve() != template.resolve():
         shutil.rmtree(out, ignore_errors=True)
@@ -118,11 +131,13 @@ def render(template: Path, out: Path, deployment: Deployment, gpus: int = 0) -> 
         (vae_encode / "config.pbtxt").write_text(VAE_ENCODE_CONFIG)
     else:
         shutil.rmtree(vae_encode, ignore_errors=True)
-    reference = deployment_reference(deployment)
+    reference = deployment_reference(deployment, always=pipeline is not None)
     for config in sorted(out.glob("*/config.pbtxt")):
-        text = re.sub(r'^parameters \{ key: "deployment".*\n', "", config.read_text(), flags=re.M)
+        text = re.sub(r'^parameters \{ key: "(deployment|pipeline)".*\n', "", config.read_text(), flags=re.M)
         if reference:
             text += f'parameters {{ key: "deployment" value: {{ string_value: "{reference}" }} }}\n'
+        if pipeline:
+            text += f'parameters {{ key: "pipeline" value: {{ string_value: "{pipeline}" }} }}\n'
         config.write_text(text)
     if gpus > 0:
         for model in DEVICE_STAGES:
@@ -135,11 +150,51 @@ def render(template: Path, out: Path, deployment: Deployment, gpus: int = 0) -> 
             if n != 1:
                 raise ValueError(f"{config}: expected one single-line instance_group, found {n}")
             config.write_text(text)
+    if pipeline:
+        names = PipelineNames(pipeline)
+        for model in sorted(p for p in out.iterdir() if p.is_dir()):
+            model.rename(out / names.model(model.name))
+
+
+def render_pipelines(template: Path, out: Path, pipelines: dict[str, Deployment], gpus: int = 0) -> None:
+    """One repository serving several deployments side by side: each is rendered as its own
+    pipeline, every model prefixed with the pipeline's name, so no two models collide and
+    each pipeline can be loaded and unloaded alone (explicit model control)."""
+    if not pipelines:
+        raise ValueError("render_pipelines needs at least one named deployment")
+    if out.resolve() == template.resolve():
+        raise ValueError(f"--out {out} is the template itself; render several deployments into another folder")
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    with tempfile.TemporaryDirectory() as scratch:
+        for name, deployment in pipelines.items():
+            part = Path(scratch) / name
+            render(template, part, deployment, gpus, pipeline=name)
+            for model in sorted(part.iterdir()):
+                shutil.move(model, out / model.name)
+
+
+def parse_deployments(values: list[str]) -> tuple[str | None, dict[str, str]]:
+    """`--deployment` values: one plain PATH (the single-deployment names), or one or more
+    NAME=PATH (a named pipeline each). Returns (PATH or None, {NAME: PATH})."""
+    named = [v.split("=", 1) for v in values if "=" in v]
+    plain = [v for v in values if "=" not in v]
+    if plain and (named or len(plain) > 1):
+        raise ValueError(f"--deployment {' '.join(plain)}: with several deployments name each one, "
+                         f"--deployment NAME=PATH (e.g. pixart=configs/tiny-pixart-sigma.toml)")
+    pipelines: dict[str, str] = {}
+    for name, path in named:
+        if name in pipelines:
+            raise ValueError(f"--deployment {name}=...: pipeline name {name!r} is given twice; names must differ")
+        pipelines[check_pipeline_name(name)] = path
+    return (plain[0] if plain else None), pipelines
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--deployment", required=True)
+    p.add_argument("--deployment", required=True, action="append", metavar="[NAME=]PATH",
+                   help="deployment TOML; NAME=PATH (repeatable) renders each as a pipeline with "
+                        "NAME_-prefixed model names")
     p.add_argument("--template", type=Path, default=ROOT / "model_repository")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--gpus", type=int, default=0,
@@ -148,10 +203,21 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.gpus < 0:
         p.error("--gpus must be >= 0")
-    deployment = load_deployment(args.deployment)
-    render(args.template, args.out, deployment, args.gpus)
-    print(f"rendered {args.out} for {args.deployment} (task {deployment.task}, capacity "
-          f"{deployment.engine.capacity}, gpus {args.gpus})")
+    try:
+        single, named = parse_deployments(args.deployment)
+    except ValueError as exc:
+        p.error(str(exc))
+    if single:
+        deployment = load_deployment(single)
+        render(args.template, args.out, deployment, args.gpus)
+        print(f"rendered {args.out} for {single} (task {deployment.task}, capacity "
+              f"{deployment.engine.capacity}, gpus {args.gpus})")
+        return 0
+    pipelines = {name: load_deployment(path) for name, path in named.items()}
+    render_pipelines(args.template, args.out, pipelines, args.gpus)
+    for name, deployment in pipelines.items():
+        print(f"rendered {args.out}: pipeline {name} = {named[name]} (models {name}_*, task {deployment.task}, "
+              f"capacity {deployment.engine.capacity}, gpus {args.gpus})")
     return 0
 
 

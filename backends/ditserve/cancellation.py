@@ -13,16 +13,16 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from .scratch import GenerationFiles, server_dir
+from .scratch import GenerationFiles, pipeline_dir
 
 
-def default_root(server_pid: int | None = None) -> Path:
-    return server_dir(Path(tempfile.gettempdir()), server_pid) / "cancel"
+def default_root(server_pid: int | None = None, pipeline: str | None = None) -> Path:
+    return pipeline_dir(Path(tempfile.gettempdir()), "cancel", pipeline, server_pid)
 
 
 class CancelRegistry(GenerationFiles):
-    def __init__(self, root: Path | None = None):
-        super().__init__(root or default_root())
+    def __init__(self, root: Path | None = None, pipeline: str | None = None):
+        super().__init__(root or default_root(pipeline=pipeline))
 
     def cancel(self, request_id: str) -> None:
         self.root.mkdir(parents=True, exist_ok=True)

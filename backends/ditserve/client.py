@@ -9,7 +9,9 @@
     result.media, result.video_mp4  # uint8 [F, H, W, 3], MP4 bytes
 
 `grpc-stream` calls `<task>_stream` and reports one (done, total) pair per denoise
-step; `grpc` and `http` call `<task>` and get only the final media. With
+step; `grpc` and `http` call `<task>` and get only the final media. On a repository that
+serves several deployments, `pipeline="flux"` calls that pipeline's `flux_<task>` models
+(ditserve.pipelines). With
 `shm="system"` or `shm="cuda"` the media is written into a shared-memory region this
 client registered (see `ditserve.shm`); the request must then give height and width
 (and num_frames for video) so the region can be sized.
@@ -23,6 +25,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .pipelines import PipelineNames
 from .shm import OutputRegionPool
 
 PROTOCOLS = ("grpc-stream", "grpc", "http")
@@ -104,13 +107,14 @@ class GenerationResult:
 
 class DitClient:
     def __init__(self, url: str, protocol: str = "grpc-stream", task: str = "txt2img", shm: str | None = None,
-                 shm_device: int = 0):
+                 shm_device: int = 0, pipeline: str | None = None):
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol {protocol!r}; choose one of {PROTOCOLS}")
         if task not in MEDIA_OUTPUT:
             raise ValueError(f"task {task!r}; choose one of {sorted(MEDIA_OUTPUT)}")
         self.protocol = protocol
-        self.model = task
+        names = PipelineNames(pipeline)
+        self.model = names.public(task, streaming=protocol == "grpc-stream")
         self.media_name = MEDIA_OUTPUT[task]
         if protocol == "http":
             import tritonclient.http as module
@@ -175,7 +179,7 @@ class DitClient:
                                   stream_timeout=timeout_s)
         steps = 0
         try:
-            self._client.async_stream_infer(f"{self.model}_stream", request.infer_inputs(self._module), outputs=outputs,
+            self._client.async_stream_infer(self.model, request.infer_inputs(self._module), outputs=outputs,
                                             request_id=uuid.uuid4().hex)
             while True:
                 result, error = responses.get(timeout=timeout_s)

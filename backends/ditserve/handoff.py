@@ -28,17 +28,17 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from .scratch import GenerationFiles, server_dir
+from .scratch import GenerationFiles, pipeline_dir
 
 
-def default_root(server_pid: int | None = None) -> Path:
+def default_root(server_pid: int | None = None, pipeline: str | None = None) -> Path:
     base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
-    return server_dir(base, server_pid) / "handoff"
+    return pipeline_dir(base, "handoff", pipeline, server_pid)
 
 
 class ConditioningStore(GenerationFiles):
-    def __init__(self, root: Path | None = None):
-        super().__init__(root or default_root())
+    def __init__(self, root: Path | None = None, pipeline: str | None = None):
+        super().__init__(root or default_root(pipeline=pipeline))
 
     def put(self, key: str, tensors: dict[str, torch.Tensor]) -> None:
         """Write atomically (a reader never sees half a file)."""

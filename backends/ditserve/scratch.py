@@ -15,18 +15,29 @@ import time
 from pathlib import Path
 
 _ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+SERVER_PREFIX = "ditserve_server-"
 
 
 def server_dir(base: Path, server_pid: int | None = None) -> Path:
     """`base/ditserve_server-<tritonserver pid>`: shared by every stub of this server, no
     other. A stub's server is its parent; a tool outside the server passes the server's pid.
     (Not `ditserve-...`: that prefix names the clients' shared-memory regions, ditserve/shm.py.)"""
-    return base / f"ditserve_server-{server_pid or os.getppid()}"
+    return base / f"{SERVER_PREFIX}{server_pid or os.getppid()}"
+
+
+def pipeline_dir(base: Path, kind: str, pipeline: str | None = None, server_pid: int | None = None) -> Path:
+    """`<server dir>/<kind>`, or `<server dir>/pipeline-<name>/<kind>` for a named pipeline (a
+    repository serving several deployments): each pipeline's dit collects, and at unload
+    removes, only its own files, so unloading one pipeline leaves another's generations alone."""
+    server = server_dir(base, server_pid)
+    return (server / f"pipeline-{pipeline}" if pipeline else server) / kind
 
 
 class GenerationFiles:
     def __init__(self, root: Path):
         self.root = root
+        # The highest folder remove_all may remove once empty: the server's directory.
+        self.top = next((p for p in root.parents if p.name.startswith(SERVER_PREFIX)), root.parent)
         self.root.mkdir(parents=True, exist_ok=True)
 
     def _path(self, key: str) -> Path:
@@ -51,5 +62,13 @@ class GenerationFiles:
         return dropped
 
     def remove_all(self) -> None:
-        """The server's whole directory (at unload)."""
-        shutil.rmtree(self.root.parent, ignore_errors=True)
+        """This pipeline's entries (at unload), and the folders above them up to the server's
+        directory as they become empty (another pipeline's keep theirs)."""
+        shutil.rmtree(self.root, ignore_errors=True)
+        folder = self.root
+        while folder != self.top:
+            folder = folder.parent
+            try:
+                folder.rmdir()
+            except OSError:  # not empty (another pipeline or kind still uses it) or gone
+                return

@@ -10,7 +10,8 @@ import torch
 import triton_python_backend_utils as pb_utils
 from torch.utils.dlpack import from_dlpack, to_dlpack
 
-from ..deployment import REPO_ROOT, Deployment, load_deployment
+from ..deployment import DEFAULT_DEPLOYMENT, REPO_ROOT, Deployment, load_deployment
+from ..pipelines import PipelineNames
 
 
 @dataclass(frozen=True)
@@ -47,12 +48,22 @@ def parameter(model_config: dict, key: str, default: str | None = None) -> str |
     return default if value in (None, "") else value
 
 
+def stage_names(model_config: dict) -> PipelineNames:
+    """The model names of the pipeline a model belongs to: its config.pbtxt `pipeline`
+    parameter (a repository rendered for several deployments), else the unprefixed names."""
+    return PipelineNames(parameter(model_config, "pipeline"))
+
+
 def stage_deployment(model_config: dict) -> Deployment:
     """The deployment a model serves: its config.pbtxt `deployment` parameter (written by
     scripts/render_repository.py for every deployment but the default), else
     $DITSERVE_DEPLOYMENT, else the default. A repository rendered for one deployment and a
-    server started for another is an error, not a silent mix of two models."""
+    server started for another is an error, not a silent mix of two models. A named pipeline
+    (one of several deployments in the repository) always serves the deployment it names:
+    $DITSERVE_DEPLOYMENT speaks for single-deployment repositories only."""
     named, env = parameter(model_config, "deployment"), os.environ.get("DITSERVE_DEPLOYMENT")
+    if stage_names(model_config).pipeline:
+        return load_deployment(named or DEFAULT_DEPLOYMENT)
     if named and env and _resolved(named) != _resolved(env):
         raise ValueError(f"model '{model_config.get('name')}' was rendered for deployment {named} but the server "
                          f"was started with DITSERVE_DEPLOYMENT={env}; serve the repository rendered for {env} "

@@ -30,7 +30,7 @@ from ..schema import GenerationParams, check_params
 from ..scheduler import StepScheduler
 from ..state import TextConditioning
 from .common import (TensorSpec, declare, ended_if_cancelled, error_response, input_numpy, requested_outputs,
-                     stage_deployment, to_pb, to_torch, warm_up)
+                     stage_deployment, stage_names, to_pb, to_torch, warm_up)
 from .metrics import DitMetrics
 
 # The public models hand `embeds` and `mask` (and a task's conditioning) over out of band
@@ -101,8 +101,9 @@ class DitStage:
         engine = self.deployment.engine
         self.scheduler = StepScheduler(engine.scheduler, engine.max_skips, engine.throughput_floor, engine.cost_ewma)
         self.accel_metrics = warm_up(adapter, args["model_name"])
-        self.cancels = CancelRegistry()
-        self.handoff = ConditioningStore()
+        pipeline = stage_names(model_config).pipeline
+        self.cancels = CancelRegistry(pipeline=pipeline)
+        self.handoff = ConditioningStore(pipeline=pipeline)
         self.metrics = DitMetrics(args["model_name"])
 
     def execute(self, requests):

@@ -31,7 +31,7 @@ from ..faults import Subject, injector
 from ..handoff import ConditioningStore
 from ..schema import IMAGE_INPUT, TASK_INPUTS, GenerationParams, InvalidRequest, decode_image, decode_request
 from .common import (TensorSpec, declare, ended_if_cancelled, error_response, input_numpy, media_dims,
-                     requested_outputs, stage_deployment, to_pb, to_torch, utf8_text)
+                     requested_outputs, stage_deployment, stage_names, to_pb, to_torch, utf8_text)
 from .liveness import StubDied, StubWatch
 from .metrics import GenerateMetrics
 
@@ -78,9 +78,9 @@ class Cancelled(RuntimeError):
     """The client went away; nothing more is computed for it."""
 
 
-# Which model does the work of each timed stage (error messages name the model).
-STAGE_MODEL = {"encode": "text_encoder", "condition": "vae_encode", "denoise": "dit", "decode": "vae_decode",
-               "mp4": "mp4 encode"}
+# Which of the pipeline's models does the work of each timed stage (error messages name the
+# model as served: ditserve.pipelines.PipelineNames); "mp4" runs in the public model itself.
+STAGE_MODEL = {"encode": "text_encoder", "condition": "vae_encode", "denoise": "dit", "decode": "vae_decode"}
 
 
 class Deadline:
@@ -133,16 +133,18 @@ class GenerateStage:
 
     def __init__(self, args: dict, model_config: dict):
         self.deployment = stage_deployment(model_config)
+        self.names = stage_names(model_config)
         task = self.deployment.task
-        if args["model_name"] not in (task, f"{task}_stream"):
+        if args["model_name"] not in (self.names.public(task), self.names.public(task, streaming=True)):
             raise ValueError(f"model '{args['model_name']}' cannot serve deployment {self.deployment.source}, whose "
                              f"task is {task}: render the repository for it (python scripts/render_repository.py "
                              f"--deployment {self.deployment.source} --out DIR) and serve that")
+        self.dit = self.names.model("dit")
         self.inputs = [spec.name for spec in TASK_INPUTS[task]]
         self.output_names = [spec.name for spec in io_specs(self.deployment)[1]]
         self.streaming = pb_utils.using_decoupled_model_transaction_policy(model_config)
-        self.cancels = CancelRegistry()
-        self.handoff = ConditioningStore()
+        self.cancels = CancelRegistry(pipeline=self.names.pipeline)
+        self.handoff = ConditioningStore(pipeline=self.names.pipeline)
         self.metrics = GenerateMetrics(args["model_name"])
         self.model_name = args["model_name"]
         self.faults = injector(self.deployment, self.model_name)
@@ -229,7 +231,7 @@ class GenerateStage:
 
     def _timed(self, stage: str, fn, request, deadline: Deadline, *args):
         """Run one stage; any failure in it becomes a StageError that names the stage's model."""
-        model = STAGE_MODEL[stage]
+        model = self.names.model(STAGE_MODEL[stage]) if stage in STAGE_MODEL else "mp4 encode"
         if request.is_cancelled():
             raise Cancelled()
         if deadline.expired():
@@ -255,18 +257,14 @@ class GenerateStage:
         text = pb_utils.Tensor("text", np.array([[t.encode("utf-8") for t in texts]], dtype=np.object_))
         extras = FAMILY_TEXT_CONDITIONING.get(self.deployment.model.family, ())
         names = ["embeds", "mask", *(name for name, _ in extras)]
-        bls = _bls("text_encoder", [text], names)
-        (response,) = self.stubs.call("text_encoder", lambda: [bls.exec()])
-        response = _checked(response, "text_encoder")
+        response = self._call("text_encoder", [text], names)
         return {name: to_torch(pb_utils.get_output_tensor_by_name(response, name))[0] for name in names}
 
     def _condition(self, request, params: GenerationParams) -> dict[str, torch.Tensor]:
         """img2vid: vae_encode turns the input image into dit's conditioning tensors."""
         names = [name for name, _ in TASK_CONDITIONING[self.deployment.task]]
-        bls = _bls("vae_encode", [pb_utils.get_input_tensor_by_name(request, "image"),
-                                  self._params_tensor(params, batched=False)], names)
-        (response,) = self.stubs.call("vae_encode", lambda: [bls.exec()])
-        response = _checked(response, "vae_encode")
+        response = self._call("vae_encode", [pb_utils.get_input_tensor_by_name(request, "image"),
+                                             self._params_tensor(params, batched=False)], names)
         return {name: to_torch(pb_utils.get_output_tensor_by_name(response, name)) for name in names}
 
     @staticmethod
@@ -296,7 +294,7 @@ class GenerateStage:
             self.cancels.discard(dit_id)  # dit may have finished before it saw the flag
             raise stop.exception()
         if final is None:
-            raise StageError("dit: finished without latents")
+            raise StageError(f"{self.dit}: finished without latents")
         return final
 
     def _read_dit(self, request, params: GenerationParams, dit_id: str, on_progress: Callable | None,
@@ -305,10 +303,10 @@ class GenerateStage:
         timeout, a progress response that cannot be sent) flag dit and keep reading: dit ends
         the stream with one error response at its next step boundary, so the stream is always
         read to its end rather than left half-read."""
-        dit = _bls("dit", [self._params_tensor(params)], ["progress", "latents", "error", "cache_hits"],
+        dit = _bls(self.dit, [self._params_tensor(params)], ["progress", "latents", "error", "cache_hits"],
                    request_id=dit_id)
         first_step, result, stop, done, read = None, None, None, 0, []
-        for response in self.stubs.call("dit", lambda: dit.exec(decoupled=True)):
+        for response in self.stubs.call(self.dit, lambda: dit.exec(decoupled=True)):
             read.append(response)
             progress = pb_utils.get_output_tensor_by_name(response, "progress")
             done = int(to_torch(progress).reshape(-1)[0]) if progress is not None else done
@@ -316,14 +314,14 @@ class GenerateStage:
                 if request.is_cancelled():
                     stop = Stop(Cancelled, "request cancelled")
                 elif deadline.expired():
-                    stop = Stop(TimedOut, deadline.message(f"dit: after denoise step {done}/{params.num_inference_steps}"))
+                    stop = Stop(TimedOut, deadline.message(f"{self.dit}: after denoise step {done}/{params.num_inference_steps}"))
                 if stop is not None:
                     self.cancels.cancel(dit_id)  # dit ends it at the next step boundary
             error = pb_utils.get_output_tensor_by_name(response, "error")
             if response.has_error() or error is not None:  # dit's last response
                 if stop is None:
                     message = response.error().message() if response.has_error() else utf8_text(error)
-                    stop = Stop(StageError, f"dit: {message}")
+                    stop = Stop(StageError, f"{self.dit}: {message}")
                 continue
             if first_step is None:
                 first_step = time.monotonic()
@@ -344,11 +342,17 @@ class GenerateStage:
         self.last_dit_responses = read
         return (None, stop) if stop is not None else (result, None)
 
+    def _call(self, stage: str, inputs: list, outputs: list[str]):
+        """The one response of this pipeline's `stage` model (text_encoder, vae_encode,
+        vae_decode) to a BLS request; an error response raises StageError naming the model."""
+        model = self.names.model(stage)
+        bls = _bls(model, inputs, outputs)
+        (response,) = self.stubs.call(model, lambda: [bls.exec()])
+        return _checked(response, model)
+
     def _decode(self, latents):
         """uint8 media of the one generation, where vae_decode handed it (the host by default)."""
-        bls = _bls("vae_decode", [latents], ["media"])
-        (decoded,) = self.stubs.call("vae_decode", lambda: [bls.exec()])
-        decoded = _checked(decoded, "vae_decode")
+        decoded = self._call("vae_decode", [latents], ["media"])
         return to_torch(pb_utils.get_output_tensor_by_name(decoded, "media"))[0]
 
     @staticmethod

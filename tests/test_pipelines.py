@@ -1,0 +1,222 @@
+"""One repository, two pipelines: tiny PixArt-Sigma (`pixart_*`) and tiny FLUX.1 (`flux_*`)
+rendered side by side and served by one real tritonserver with explicit model control.
+
+The server test unloads and reloads the whole `pixart` pipeline through Triton's repository API
+(ditserve.pipelines.RepositoryControl, i.e. tritonclient's unload_model / load_model) while two
+clients keep streaming `flux` generations, and checks that every one of those finished and equals
+what the same request gave alone before. FLUX.1 runs one row per request, so a request sharing a
+forward with another may move a last float bit: 1 uint8 level (tests/test_flux.py).
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+import tritonclient.grpc as grpcclient
+from diffusers import FluxPipeline
+from tritonclient.utils import InferenceServerException
+
+from conftest import ROOT, TINY_FLUX, TINY_PIXART, diffusers_image, start_server
+from ditserve.client import DitClient, GenerationRequest
+from ditserve.deployment import write_variant
+from ditserve.handoff import ConditioningStore
+from ditserve.pipelines import PipelineNames, RepositoryControl, split_model_name
+from ditserve.scratch import pipeline_dir
+from mmdit_helpers import FLUX_DEPLOYMENT, diffusers_flux_image
+from test_txt2img import assert_matches
+from wan_helpers import assert_close, oracle
+
+RENDER = [sys.executable, str(ROOT / "scripts" / "render_repository.py")]
+STAGES = ("text_encoder", "dit", "vae_decode")
+PUBLIC = ("txt2img", "txt2img_stream")
+
+
+def render(out, *deployments: str, check: bool = True) -> subprocess.CompletedProcess:
+    args = [arg for d in deployments for arg in ("--deployment", d)]
+    return subprocess.run([*RENDER, *args, "--out", str(out)], check=check, capture_output=True, text=True)
+
+
+# ---- names and rendering (no server) ------------------------------------------------------
+
+def test_pipeline_names_prefix_every_model_and_split_back():
+    flux, plain = PipelineNames("flux"), PipelineNames()
+    assert [flux.model(m) for m in STAGES] == ["flux_text_encoder", "flux_dit", "flux_vae_decode"]
+    assert (flux.public("txt2vid"), flux.public("txt2vid", streaming=True)) == ("flux_txt2vid", "flux_txt2vid_stream")
+    assert (plain.public("txt2img"), plain.model("dit")) == ("txt2img", "dit")   # single-deployment names
+    assert split_model_name("flux_txt2img_stream") == ("flux", "txt2img_stream")
+    assert split_model_name("text_encoder") == (None, "text_encoder")           # not pipeline "text"
+    assert split_model_name("wan-22_vae_encode") == ("wan-22", "vae_encode")
+    assert split_model_name("flux_unknown") == (None, None)
+    for bad in ("Flux", "pix_art", "", "-x", "a" * 33):
+        with pytest.raises(ValueError, match="pipeline name"):
+            PipelineNames(bad)
+
+
+def test_render_prefixes_each_deployment_and_names_it_in_every_model(tmp_path):
+    out = tmp_path / "multi"
+    render(out, "pixart=configs/tiny-pixart-sigma.toml", "wan=configs/tiny-wan-i2v.toml")
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [f"pixart_{m}" for m in STAGES + PUBLIC] + [f"wan_{m}" for m in STAGES + ("vae_encode", "img2vid",
+                                                                                  "img2vid_stream")])
+    for model in out.iterdir():
+        pipeline, _ = split_model_name(model.name)
+        config = (model / "config.pbtxt").read_text()
+        assert f'key: "pipeline" value: {{ string_value: "{pipeline}" }}' in config, model
+        # The default deployment is named too: a named pipeline never depends on $DITSERVE_DEPLOYMENT.
+        deployment = {"pixart": "configs/tiny-pixart-sigma.toml", "wan": "configs/tiny-wan-i2v.toml"}[pipeline]
+        assert f'key: "deployment" value: {{ string_value: "{deployment}" }}' in config, model
+
+
+@pytest.mark.parametrize("deployments, words", [
+    (["configs/tiny-flux.toml", "configs/tiny-pixart-sigma.toml"], ["name each one", "NAME=PATH"]),
+    (["a=configs/tiny-flux.toml", "configs/tiny-pixart-sigma.toml"], ["name each one"]),
+    (["a=configs/tiny-flux.toml", "a=configs/tiny-pixart-sigma.toml"], ["'a' is given twice"]),
+    (["pix_art=configs/tiny-pixart-sigma.toml"], ["pipeline name 'pix_art'", "no '_'"]),
+])
+def test_render_rejects_ambiguous_names_with_a_clear_error(tmp_path, deployments, words):
+    done = render(tmp_path / "out", *deployments, check=False)
+    assert done.returncode == 2 and all(word in done.stderr for word in words), done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_unloading_one_pipeline_keeps_the_scratch_files_of_another(tmp_path):
+    """dit removes its pipeline's scratch folder at unload; another pipeline's in-flight handoffs stay."""
+    pixart, flux = (ConditioningStore(pipeline_dir(tmp_path, "handoff", name, server_pid=1))
+                    for name in ("pixart", "flux"))
+    flux.put("gen-1", {"embeds": torch.zeros(1)})
+    pixart.remove_all()
+    assert not pixart.root.exists() and list(flux.root.iterdir()) == [flux.root / "gen-1"]
+    flux.remove_all()
+    assert not (tmp_path / "ditserve_server-1").exists()   # the server's folder goes with the last pipeline
+
+
+# ---- one server, two pipelines, explicit model control ------------------------------------
+
+@pytest.fixture(scope="module")
+def pipelines_server(tmp_path_factory):
+    """Capacities 1 (pixart: 5 stubs) and 2 (flux: 7 stubs, two streams batch step-wise) instead
+    of 4 keep the start and the reload short on CI."""
+    for model in (TINY_PIXART, TINY_FLUX):
+        if not model.exists():
+            pytest.fail(f"{model} is missing: run `bash scripts/setup.sh` (it builds the tiny pipelines)")
+    tmp = tmp_path_factory.mktemp("pipelines")
+    for name, base, capacity in (("pixart", "tiny-pixart-sigma", 1), ("flux", "tiny-flux", 2)):
+        write_variant(ROOT / "configs" / f"{base}.toml", tmp / f"{name}.toml", {"capacity": capacity},
+                      "tests/test_pipelines.py")
+    render(tmp / "repo", f"pixart={tmp / 'pixart.toml'}", f"flux={tmp / 'flux.toml'}")
+    srv = start_server(tmp, "pipelines", model_repository=tmp / "repo",
+                       extra_args=["--model-control-mode=explicit", "--load-model=*"])
+    yield srv
+    srv.stop()
+
+
+def generate(url: str, pipeline: str, request: GenerationRequest, protocol: str = "grpc"):
+    with DitClient(url, protocol, pipeline=pipeline) as client:
+        return client.generate(request, timeout_s=120)
+
+
+def test_both_pipelines_serve_their_own_deployment(pipelines_server, diffusers_pixart):
+    url = pipelines_server.grpc_url
+    with grpcclient.InferenceServerClient(url) as client:
+        index = {m["name"]: m["state"] for m in client.get_model_repository_index(as_json=True)["models"]}
+        assert index == {f"{p}_{m}": "READY" for p in ("pixart", "flux") for m in STAGES + PUBLIC}
+        with pytest.raises(InferenceServerException, match="txt2img"):   # no unprefixed model here
+            client.infer("txt2img", GenerationRequest("a cat").infer_inputs(grpcclient))
+    cat = GenerationRequest("a photo of a red cat", seed=42, num_inference_steps=6, guidance_scale=4.5)
+    assert_matches(generate(url, "pixart", cat).media, diffusers_image(diffusers_pixart, cat.prompt, 42, 6, 4.5))
+    flux = oracle(FluxPipeline, FLUX_DEPLOYMENT)
+    np.testing.assert_array_equal(generate(url, "flux", cat, "grpc-stream").media,
+                                  diffusers_flux_image(flux, cat.prompt, 42, 6, 4.5))
+    with DitClient(pipelines_server.http_url, "http", pipeline="flux") as client:   # HTTP: the same names
+        np.testing.assert_array_equal(client.generate(cat).media, diffusers_flux_image(flux, cat.prompt, 42, 6, 4.5))
+
+
+@dataclass
+class Streamed:
+    """One flux generation streamed during the unload/reload: when it ran and what it gave."""
+
+    variant: int
+    start: float
+    end: float
+    progress: list
+    media: np.ndarray | None = None
+    error: Exception | None = None
+
+    def overlaps(self, interval: tuple[float, float]) -> bool:
+        return self.start < interval[1] and self.end > interval[0]
+
+
+def wait_for(condition, what: str, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.05)
+
+
+def stream_until(url: str, variants: list[GenerationRequest], first: int, stop: threading.Event,
+                 out: list[Streamed]) -> None:
+    """Stream flux generations back to back (variants first, first + 2, ...) until `stop`."""
+    with DitClient(url, "grpc-stream", pipeline="flux") as client:
+        k = first
+        while not stop.is_set():
+            item = Streamed(k % len(variants), time.monotonic(), 0.0, [])
+            try:
+                item.media = client.generate(variants[item.variant], lambda done, total: item.progress.append(done),
+                                             timeout_s=120).media
+            except Exception as exc:  # recorded, and failed below with the others
+                item.error = exc
+            item.end = time.monotonic()
+            out.append(item)
+            k += 2
+
+
+def test_unloading_and_reloading_one_pipeline_leaves_the_other_streaming(pipelines_server):
+    url = pipelines_server.grpc_url
+    variants = [GenerationRequest(f"flux request {k}", seed=100 + k, num_inference_steps=12, guidance_scale=3.5,
+                                  height=64, width=64 + 32 * k) for k in range(3)]
+    solo = [generate(url, "flux", request).media for request in variants]
+    cat = GenerationRequest("a red cat", seed=7, num_inference_steps=4)
+    before = generate(url, "pixart", cat).media
+
+    streamed: list[Streamed] = []
+    stop = threading.Event()
+    workers = [threading.Thread(target=stream_until, args=(url, variants, first, stop, streamed)) for first in (0, 1)]
+    for worker in workers:
+        worker.start()
+    try:
+        wait_for(lambda: len(streamed) >= 2, "flux streams before pixart goes")
+        with RepositoryControl(url) as control, grpcclient.InferenceServerClient(url) as client:
+            start = time.monotonic()
+            unloaded = control.unload("pixart")
+            unload = (start, time.monotonic())
+            assert unloaded[:2] == ["pixart_txt2img", "pixart_txt2img_stream"]   # public models first
+            assert set(control.models("pixart").values()) == {"UNAVAILABLE"}
+            for model in PUBLIC:
+                assert not client.is_model_ready(f"pixart_{model}")
+                with pytest.raises(InferenceServerException, match=f"pixart_{model}"):
+                    client.infer(f"pixart_{model}", cat.infer_inputs(grpcclient))
+            assert all(client.is_model_ready(f"flux_{m}") for m in STAGES + PUBLIC)
+            start = time.monotonic()
+            loaded = control.load("pixart")
+            load = (start, time.monotonic())
+            assert loaded[-2:] == ["pixart_txt2img", "pixart_txt2img_stream"]    # stages first
+        after = generate(url, "pixart", cat).media
+        seen = len(streamed)
+        wait_for(lambda: len(streamed) >= seen + 2, "flux still streams after pixart is back")
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join(timeout=120)
+    np.testing.assert_array_equal(after, before)
+    assert [item.error for item in streamed if item.error] == []
+    assert any(item.overlaps(unload) for item in streamed), "no flux generation was in flight during the unload"
+    assert any(item.overlaps(load) for item in streamed), "no flux generation was in flight during the reload"
+    for item in streamed:
+        assert item.progress == list(range(1, 13))
+        assert_close(item.media, solo[item.variant])
