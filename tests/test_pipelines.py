@@ -85,6 +85,19 @@ def test_render_rejects_ambiguous_names_with_a_clear_error(tmp_path, deployments
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("args, words", [
+    (["--deployment", "configs/tiny-flux.toml", "--deployment", "configs/tiny-sd3.toml"], ["name each one"]),
+    (["--deployment", "flux=configs/tiny-flux.toml", "--load-pipeline", "flux"], ["--model-control-mode explicit"]),
+    (["--deployment", "flux=configs/tiny-flux.toml", "--model-control-mode", "explicit", "--load-pipeline", "sd3"],
+     ["--load-pipeline sd3", "named: flux"]),
+])
+def test_serve_refuses_unclear_pipelines_before_starting(tmp_path, args, words):
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "serve.py"), *args, "--render-dir",
+                           str(tmp_path / "repo")], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and all(word in done.stderr for word in words), done.stderr
+    assert not (tmp_path / "repo").exists()
+
+
 def test_unloading_one_pipeline_keeps_the_scratch_files_of_another(tmp_path):
     """dit removes its pipeline's scratch folder at unload; another pipeline's in-flight handoffs stay."""
     pixart, flux = (ConditioningStore(pipeline_dir(tmp_path, "handoff", name, server_pid=1))
@@ -161,7 +174,8 @@ def wait_for(condition, what: str, timeout_s: float = 120.0) -> None:
 
 def stream_until(url: str, variants: list[GenerationRequest], first: int, stop: threading.Event,
                  out: list[Streamed]) -> None:
-    """Stream flux generations back to back (variants first, first + 2, ...) until `stop`."""
+    """Stream flux generations (variants first, first + 2, ...) until `stop`, pausing 0.2 s
+    between them so the clients keep flux busy without starving the reload of CPU."""
     with DitClient(url, "grpc-stream", pipeline="flux") as client:
         k = first
         while not stop.is_set():
@@ -174,6 +188,7 @@ def stream_until(url: str, variants: list[GenerationRequest], first: int, stop: 
             item.end = time.monotonic()
             out.append(item)
             k += 2
+            stop.wait(0.2)
 
 
 def test_unloading_and_reloading_one_pipeline_leaves_the_other_streaming(pipelines_server):
@@ -214,6 +229,9 @@ def test_unloading_and_reloading_one_pipeline_leaves_the_other_streaming(pipelin
         for worker in workers:
             worker.join(timeout=120)
     np.testing.assert_array_equal(after, before)
+    listed = subprocess.run([sys.executable, str(ROOT / "scripts" / "pipeline.py"), "list", "--url", url],
+                            check=True, capture_output=True, text=True).stdout.splitlines()
+    assert listed == [f"{p}: " + ", ".join(f"{p}_{m} READY" for m in sorted(STAGES + PUBLIC)) for p in ("flux", "pixart")]
     assert [item.error for item in streamed if item.error] == []
     assert any(item.overlaps(unload) for item in streamed), "no flux generation was in flight during the unload"
     assert any(item.overlaps(load) for item in streamed), "no flux generation was in flight during the reload"

@@ -78,14 +78,23 @@ class RepositoryControl:
         self.url = url
         self.client = grpcclient.InferenceServerClient(url)
 
-    def models(self, pipeline: str) -> dict[str, str]:
-        """Every model of `pipeline` in the repository -> its state (READY, UNAVAILABLE, ...)."""
-        index = self.client.get_model_repository_index(as_json=True).get("models", [])
-        found = {m["name"]: m.get("state", "") for m in index if split_model_name(m["name"])[0] == pipeline}
-        if not found:
-            served = sorted({split_model_name(m["name"])[0] for m in index} - {None})
-            raise ValueError(f"the repository has no pipeline {pipeline!r}; its pipelines: {', '.join(served) or 'none'}")
+    def pipelines(self) -> dict[str, dict[str, str]]:
+        """Each named pipeline in the repository -> {model: state}; the state is READY,
+        UNLOADING, UNAVAILABLE (unloaded) or "" (never loaded)."""
+        found: dict[str, dict[str, str]] = {}
+        for model in self.client.get_model_repository_index(as_json=True).get("models", []):
+            pipeline, _ = split_model_name(model["name"])
+            if pipeline:
+                found.setdefault(pipeline, {})[model["name"]] = model.get("state", "")
         return found
+
+    def models(self, pipeline: str) -> dict[str, str]:
+        """Every model of `pipeline` -> its state; a ValueError naming the pipelines there are."""
+        pipelines = self.pipelines()
+        if pipeline not in pipelines:
+            raise ValueError(f"the repository has no pipeline {pipeline!r}; its pipelines: "
+                             f"{', '.join(sorted(pipelines)) or 'none'}")
+        return pipelines[pipeline]
 
     def load(self, pipeline: str) -> list[str]:
         """Load (or reload) every model of `pipeline`: the stages side by side, then the public
