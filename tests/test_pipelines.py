@@ -231,7 +231,8 @@ def test_unloading_and_reloading_one_pipeline_leaves_the_other_streaming(pipelin
     np.testing.assert_array_equal(after, before)
     listed = subprocess.run([sys.executable, str(ROOT / "scripts" / "pipeline.py"), "list", "--url", url],
                             check=True, capture_output=True, text=True).stdout.splitlines()
-    assert listed == [f"{p}: " + ", ".join(f"{p}_{m} READY" for m in sorted(STAGES + PUBLIC)) for p in ("flux", "pixart")]
+    assert listed == [f"{p}: " + ", ".join(f"{p}_{m} READY" for m in sorted(STAGES + PUBLIC))
+                      for p in ("flux", "pixart")]
     assert [item.error for item in streamed if item.error] == []
     assert any(item.overlaps(unload) for item in streamed), "no flux generation was in flight during the unload"
     assert any(item.overlaps(load) for item in streamed), "no flux generation was in flight during the reload"

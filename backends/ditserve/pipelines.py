@@ -103,7 +103,7 @@ class RepositoryControl:
         order = sorted(self.models(pipeline), key=self._is_public)
         for public in (False, True):
             group = [name for name in order if self._is_public(name) == public]
-            with ThreadPoolExecutor(len(group)) as pool:   # one client per thread
+            with ThreadPoolExecutor(max(len(group), 1)) as pool:   # one client per thread
                 list(pool.map(self._load_one, group))
         return order
 

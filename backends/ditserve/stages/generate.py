@@ -314,7 +314,8 @@ class GenerateStage:
                 if request.is_cancelled():
                     stop = Stop(Cancelled, "request cancelled")
                 elif deadline.expired():
-                    stop = Stop(TimedOut, deadline.message(f"{self.dit}: after denoise step {done}/{params.num_inference_steps}"))
+                    where = f"{self.dit}: after denoise step {done}/{params.num_inference_steps}"
+                    stop = Stop(TimedOut, deadline.message(where))
                 if stop is not None:
                     self.cancels.cancel(dit_id)  # dit ends it at the next step boundary
             error = pb_utils.get_output_tensor_by_name(response, "error")
