@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
@@ -152,12 +152,12 @@ def test_both_pipelines_serve_their_own_deployment(pipelines_server, diffusers_p
 
 @dataclass
 class Streamed:
-    """One flux generation streamed during the unload/reload: when it ran and what it gave."""
+    """One generation streamed during the unload/reload: when it ran and what it gave."""
 
-    variant: int
-    start: float
-    end: float
-    progress: list
+    variant: int = 0
+    start: float = 0.0
+    end: float = 0.0
+    progress: list = field(default_factory=list)
     media: np.ndarray | None = None
     error: Exception | None = None
 
@@ -172,6 +172,17 @@ def wait_for(condition, what: str, timeout_s: float = 120.0) -> None:
         time.sleep(0.05)
 
 
+def stream_one(client: DitClient, request: GenerationRequest, item: Streamed) -> Streamed:
+    """Run one streamed generation, recording into `item` as it goes."""
+    item.start = time.monotonic()
+    try:
+        item.media = client.generate(request, lambda done, total: item.progress.append(done), timeout_s=120).media
+    except Exception as exc:  # recorded, and failed by the test with the others
+        item.error = exc
+    item.end = time.monotonic()
+    return item
+
+
 def stream_until(url: str, variants: list[GenerationRequest], first: int, stop: threading.Event,
                  out: list[Streamed]) -> None:
     """Stream flux generations (variants first, first + 2, ...) until `stop`, pausing 0.2 s
@@ -179,25 +190,19 @@ def stream_until(url: str, variants: list[GenerationRequest], first: int, stop: 
     with DitClient(url, "grpc-stream", pipeline="flux") as client:
         k = first
         while not stop.is_set():
-            item = Streamed(k % len(variants), time.monotonic(), 0.0, [])
-            try:
-                item.media = client.generate(variants[item.variant], lambda done, total: item.progress.append(done),
-                                             timeout_s=120).media
-            except Exception as exc:  # recorded, and failed below with the others
-                item.error = exc
-            item.end = time.monotonic()
-            out.append(item)
+            out.append(stream_one(client, variants[k % len(variants)], Streamed(k % len(variants))))
             k += 2
             stop.wait(0.2)
 
 
-def test_unloading_and_reloading_one_pipeline_leaves_the_other_streaming(pipelines_server):
+def test_unloading_and_reloading_one_pipeline_leaves_the_other_streaming(pipelines_server, diffusers_pixart):
     url = pipelines_server.grpc_url
     variants = [GenerationRequest(f"flux request {k}", seed=100 + k, num_inference_steps=12, guidance_scale=3.5,
                                   height=64, width=64 + 32 * k) for k in range(3)]
     solo = [generate(url, "flux", request).media for request in variants]
     cat = GenerationRequest("a red cat", seed=7, num_inference_steps=4)
     before = generate(url, "pixart", cat).media
+    long_cat = GenerationRequest("a slow red cat", seed=8, num_inference_steps=60)
 
     streamed: list[Streamed] = []
     stop = threading.Event()
@@ -206,10 +211,17 @@ def test_unloading_and_reloading_one_pipeline_leaves_the_other_streaming(pipelin
         worker.start()
     try:
         wait_for(lambda: len(streamed) >= 2, "flux streams before pixart goes")
-        with RepositoryControl(url) as control, grpcclient.InferenceServerClient(url) as client:
+        with RepositoryControl(url) as control, grpcclient.InferenceServerClient(url) as client, \
+                DitClient(url, "grpc-stream", pipeline="pixart") as pixart:
+            # pixart's own generation, in flight when the unload starts, finishes first
+            own = Streamed()
+            last = threading.Thread(target=stream_one, args=(pixart, long_cat, own))
+            last.start()
+            wait_for(lambda: own.progress, "pixart's own generation is under way")
             start = time.monotonic()
             unloaded = control.unload("pixart")
             unload = (start, time.monotonic())
+            last.join(timeout=120)
             assert unloaded[:2] == ["pixart_txt2img", "pixart_txt2img_stream"]   # public models first
             assert set(control.models("pixart").values()) == {"UNAVAILABLE"}
             for model in PUBLIC:
@@ -229,6 +241,8 @@ def test_unloading_and_reloading_one_pipeline_leaves_the_other_streaming(pipelin
         for worker in workers:
             worker.join(timeout=120)
     np.testing.assert_array_equal(after, before)
+    assert own.error is None and own.progress == list(range(1, 61)) and own.end > unload[0], own
+    assert_matches(own.media, diffusers_image(diffusers_pixart, long_cat.prompt, 8, 60, 4.5))
     listed = subprocess.run([sys.executable, str(ROOT / "scripts" / "pipeline.py"), "list", "--url", url],
                             check=True, capture_output=True, text=True).stdout.splitlines()
     assert listed == [f"{p}: " + ", ".join(f"{p}_{m} READY" for m in sorted(STAGES + PUBLIC))
