@@ -19,8 +19,10 @@ import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
 from ditserve.client import MEDIA_OUTPUT, GenerationRequest
+from ditserve.pipelines import split_model_name
 
 from .errors import APIError, from_server_message, unavailable
+from .requests import task_of
 
 
 @dataclass
@@ -48,18 +50,20 @@ class TritonGateway:
         await self._client.close()
 
     async def task_states(self) -> dict[str, str]:
-        """Each public task in Triton's repository index: `READY` when its unary and `_stream`
-        models both are, else the state of one that is not (`LOADING`, `UNAVAILABLE`, `MISSING`)."""
+        """Each public task's model id in Triton's repository index (`txt2img`, or a named
+        pipeline's `pixart_txt2img`): `READY` when its unary and `_stream` models both are, else
+        the state of one that is not (`LOADING`, `UNAVAILABLE`, `MISSING`)."""
         try:
             index = await self._client.get_model_repository_index(as_json=True)
         except InferenceServerException as exc:
             raise unavailable(f"tritonserver at {self.url} is not reachable: {exc.message()}") from None
         states = {m["name"]: m.get("state") or "UNKNOWN" for m in index.get("models", [])}
+        ids = {name.removesuffix("_stream") for name in states
+               if (split_model_name(name)[1] or "").removesuffix("_stream") in MEDIA_OUTPUT}
         tasks = {}
-        for task in MEDIA_OUTPUT:
-            pair = [states.get(name, "MISSING") for name in (task, f"{task}_stream")]
-            if pair != ["MISSING", "MISSING"]:
-                tasks[task] = next((state for state in pair if state != "READY"), "READY")
+        for model_id in sorted(ids):
+            pair = [states.get(name, "MISSING") for name in (model_id, f"{model_id}_stream")]
+            tasks[model_id] = next((state for state in pair if state != "READY"), "READY")
         return tasks
 
     async def served_tasks(self) -> list[str]:
@@ -77,7 +81,8 @@ class TritonGateway:
 
     async def generate(self, task: str, request: GenerationRequest) -> AsyncIterator[Progress | Final]:
         """One `Progress` per denoise step, then one `Final`; an `APIError` on failure."""
-        media = "video_mp4" if task != "txt2img" else MEDIA_OUTPUT[task]
+        image = task_of(task) == "txt2img"
+        media = MEDIA_OUTPUT["txt2img"] if image else "video_mp4"
         outputs = [grpcaio.InferRequestedOutput(name) for name in (media, "seed", "progress", "cache_hits")]
         sent = asyncio.Event()   # keeps the request side of the stream open until the result came
 
@@ -100,8 +105,8 @@ class TritonGateway:
                 finished = True
                 value = result.as_numpy(media)
                 seed, hits = (int(result.as_numpy(name)[0]) for name in ("seed", "cache_hits"))
-                yield Final(seed, mp4=bytes(value.reshape(-1)[0]), cache_hits=hits) if task != "txt2img" \
-                    else Final(seed, image=value, cache_hits=hits)
+                yield Final(seed, image=value, cache_hits=hits) if image \
+                    else Final(seed, mp4=bytes(value.reshape(-1)[0]), cache_hits=hits)
                 return
             raise APIError(502, f"{task}_stream ended without a result", type="server_error")
         except grpc.aio.AioRpcError as exc:

@@ -10,6 +10,7 @@ import re
 from dataclasses import replace
 
 from ditserve.client import GenerationRequest
+from ditserve.pipelines import split_model_name
 
 from .errors import APIError, invalid, unavailable
 
@@ -42,15 +43,22 @@ def check_n(n: int, max_n: int) -> None:
         raise invalid("n", f"n={n} is out of range; allowed [1, {max_n}] (the front end's --max-n)")
 
 
+def task_of(model_id: str) -> str:
+    """The task behind a model id: `txt2img` for `txt2img` and for a named pipeline's
+    `pixart_txt2img` (docs/pipelines.md)."""
+    return split_model_name(model_id)[1] or model_id
+
+
 def choose_model(model: str | None, states: dict[str, str], allowed: tuple[str, ...], default: str) -> str:
-    """The Triton task for a request's `model`, given the tasks' states (TritonGateway.task_states):
+    """The Triton model id for a request's `model`, given the ids' states (TritonGateway.task_states):
     503 for one Triton has but is not ready to serve (loading, failed), 404 (as OpenAI answers)
-    for one it does not have."""
+    for one it does not have. `allowed` are the endpoint's tasks; a named pipeline's ids of those
+    tasks are allowed too."""
     task = model or default
-    if task in allowed and states.get(task, "READY") != "READY":
+    if task_of(task) in allowed and states.get(task, "READY") != "READY":
         raise unavailable(f"model {task!r} is not ready on tritonserver (state {states[task]}); "
                           "retry once GET /health answers 200")
-    usable = [t for t, state in states.items() if t in allowed and state == "READY"]
+    usable = [t for t, state in states.items() if task_of(t) in allowed and state == "READY"]
     if task not in usable:
         names = ", ".join(usable) or "none"
         raise APIError(404, f"model {task!r} is not served here; this endpoint's models: {names} (GET /v1/models)",

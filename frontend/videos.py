@@ -32,7 +32,7 @@ from ditserve.client import GenerationRequest
 from .errors import APIError, invalid
 from .gateway import Final, Progress, TritonGateway
 from .media import MediaStore, stored_url
-from .requests import cache_tier, choose_model, frames_for_seconds, parse_size
+from .requests import cache_tier, choose_model, frames_for_seconds, parse_size, task_of
 from .streams import collect, event_stream, merged, unless_disconnected
 
 router = APIRouter()
@@ -86,8 +86,8 @@ async def _task_and_request(form: VideoForm, request: Request) -> tuple[str, Gen
     model, generation = await form.generation()
     default = "img2vid" if generation.image is not None else "txt2vid"
     task = choose_model(model, await request.app.state.gateway.task_states(), VIDEO_TASKS, default)
-    if (task == "img2vid") != (generation.image is not None):
-        raise invalid("input_reference", "img2vid needs an input_reference image" if task == "img2vid"
+    if (task_of(task) == "img2vid") != (generation.image is not None):
+        raise invalid("input_reference", "img2vid needs an input_reference image" if task_of(task) == "img2vid"
                       else f"{task} takes no input_reference; send it to model 'img2vid'")
     await request.app.state.gateway.check_ready(task)
     return task, generation

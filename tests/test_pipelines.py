@@ -150,6 +150,33 @@ def test_both_pipelines_serve_their_own_deployment(pipelines_server, diffusers_p
         np.testing.assert_array_equal(client.generate(cat).media, diffusers_flux_image(flux, cat.prompt, 42, 6, 4.5))
 
 
+def test_the_openai_front_end_lists_and_serves_each_pipeline(pipelines_server, tmp_path_factory):
+    """frontend/: a named pipeline's task is the model id (`flux_txt2img`), as Triton names it."""
+    import base64
+    import io
+
+    import openai
+    from PIL import Image
+
+    from ditserve.launcher import free_ports
+    from frontend.launcher import FrontendProcess
+
+    log = tmp_path_factory.mktemp("pipelines-frontend") / "frontend.log"
+    frontend = FrontendProcess(pipelines_server.grpc_url, free_ports(1)[0], [], log_path=log).start()
+    try:
+        client = openai.OpenAI(base_url=frontend.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        assert sorted(m.id for m in client.models.list().data) == ["flux_txt2img", "pixart_txt2img"]
+        cat = GenerationRequest("a photo of a red cat", seed=42, num_inference_steps=6, guidance_scale=4.5)
+        [data] = client.images.generate(model="flux_txt2img", prompt=cat.prompt, size="64x64",
+                                        extra_body={"seed": 42, "num_inference_steps": 6, "guidance_scale": 4.5}).data
+        served = np.asarray(Image.open(io.BytesIO(base64.b64decode(data.b64_json))).convert("RGB"))
+        np.testing.assert_array_equal(served, generate(pipelines_server.grpc_url, "flux", cat).media)
+        with pytest.raises(openai.NotFoundError, match="flux_txt2img, pixart_txt2img"):   # no default here
+            client.images.generate(prompt=cat.prompt, size="64x64")
+    finally:
+        frontend.stop()
+
+
 @dataclass
 class Streamed:
     """One generation streamed during the unload/reload: when it ran and what it gave."""
