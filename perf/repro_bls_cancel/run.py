@@ -8,6 +8,11 @@ request: a final response with a CANCELLED error (`error`) or the final flag alo
 
     .venv/bin/python perf/repro_bls_cancel/run.py --kind bytes --seconds 60
     .venv/bin/python perf/repro_bls_cancel/run.py --kind bytes --seconds 60 --cancel-end flag
+    .venv/bin/python perf/repro_bls_cancel/run.py --seconds 20 --cancel-end flag --unload
+
+`--unload` starts the server with explicit model control and, after the storm, unloads
+`streamer` through the repository API and reports how long it took (or that it had not
+finished after --unload-wait s): the unload hang after cancel storms (docs/reliability.md).
 """
 from __future__ import annotations
 
@@ -24,7 +29,8 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parents[1] / "backends"), str(HERE.parents[1] / "scripts")]
+sys.path[:0] = [str(HERE.parents[1] / "backends"), str(HERE.parents[1] / "scripts"), str(HERE.parents[1] / "perf")]
+from cancel_storm import unload_seconds  # noqa: E402
 from check_stubs import short_models  # noqa: E402
 from ditserve.launcher import ServerOptions, TritonServer, free_ports  # noqa: E402
 
@@ -38,7 +44,8 @@ def inputs(kind: int) -> list:
     return [n, k]
 
 
-def client(url: str, kind: int, seconds: float, cancel: float, seed: int, tally: dict, lock: threading.Lock) -> None:
+def client(url: str, kind: int, seconds: float, cancel: float, seed: int, tally: dict, lock: threading.Lock,
+           delay_s: tuple[float, float] = (0.005, 0.05), cancel_at: int = 0) -> None:
     rng = random.Random(seed)
     end = time.monotonic() + seconds
     while time.monotonic() < end:
@@ -47,7 +54,9 @@ def client(url: str, kind: int, seconds: float, cancel: float, seed: int, tally:
         c.start_stream(callback=lambda result, error: responses.put(error))
         c.async_stream_infer("streamer", inputs(kind))
         if rng.random() < cancel:
-            time.sleep(rng.uniform(0.005, 0.05))
+            for _ in range(cancel_at):  # cancel right after the cancel_at-th response
+                responses.get(timeout=30)
+            time.sleep(rng.uniform(*delay_s))
             c.stop_stream(cancel_requests=True)
             outcome = "cancelled"
         else:
@@ -70,29 +79,45 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--cancel-end", choices=("error", "flag"), default="error",
                     help="how streamer ends a cancelled request (default: a CANCELLED error response)")
+    ap.add_argument("--cancel-delay", default="5:50", help="A:B ms after sending, uniform (default 5:50; a request "
+                    "takes ~60 ms, so 40:90 makes many cancels cross its final response)")
+    ap.add_argument("--cancel-at", type=int, default=0, help="cancel only after this many responses (of 20), then "
+                    "the delay; 19 with --cancel-delay 0:2 cancels as the final response is sent")
+    ap.add_argument("--final", choices=("with-response", "separate"), default="with-response",
+                    help="how streamer ends an uncancelled request: its last response carries the final flag "
+                         "(default), or the last response, then the final flag alone")
+    ap.add_argument("--unload", action="store_true", help="after the storm, unload streamer and time it")
+    ap.add_argument("--unload-wait", type=float, default=60, help="give up waiting for the unload after this, s")
     ap.add_argument("--log", type=Path, default=Path("/tmp/repro_bls_cancel.log"))
     args = ap.parse_args()
     kind = 0 if args.kind == "bytes" else 1
     os.environ["REPRO_CANCEL_END"] = args.cancel_end  # the server and its stubs inherit it
+    os.environ["REPRO_FINAL"] = args.final
+    delay_s = tuple(float(v) / 1000 for v in args.cancel_delay.split(":"))
     http, grpc, metrics = free_ports(3)
     server = TritonServer(ServerOptions(model_repository=HERE / "repository", http_port=http, grpc_port=grpc,
-                                        metrics_port=metrics), log_path=args.log)
+                                        metrics_port=metrics,
+                                        extra_args=["--model-control-mode=explicit", "--load-model=*"] if args.unload
+                                        else []), log_path=args.log)
     server.start()
     server.wait_ready(120)
     tally: dict = {}
     lock = threading.Lock()
-    threads = [threading.Thread(target=client, args=(server.grpc_url, kind, args.seconds, args.cancel, i, tally, lock))
-               for i in range(args.clients)]
+    threads = [threading.Thread(target=client, args=(server.grpc_url, kind, args.seconds, args.cancel, i, tally, lock,
+                                                     delay_s, args.cancel_at)) for i in range(args.clients)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     short = short_models(server.http_url, server.process.pid)
+    unloaded = unload_seconds(server.grpc_url, "streamer", args.unload_wait) if args.unload else None
     server.stop(timeout_s=20)  # a dead stub's model never unloads: do not wait out the exit timeout
     crashes = args.log.read_text(errors="replace").count("Fatal Python error")
-    print(f"{args.kind}, cancel end {args.cancel_end}: {tally}; models short of stub processes before stop "
+    print(f"{args.kind}, cancel end {args.cancel_end}, final {args.final}, cancel delay {args.cancel_delay} ms after {args.cancel_at} responses: {tally}; models short of stub processes before stop "
           f"(live, expected): {short or 'none'}; crashes in {args.log}: {crashes}")
-    return 0 if not short and not crashes else 1
+    if args.unload:
+        print(f"unload of streamer: {f'{unloaded:.1f} s' if unloaded is not None else f'not finished after {args.unload_wait:g} s'}")
+    return 0 if not short and not crashes and (not args.unload or unloaded is not None) else 1
 
 
 if __name__ == "__main__":

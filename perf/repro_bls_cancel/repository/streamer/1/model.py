@@ -3,7 +3,9 @@
 read to its end, then the end of the request; Python allocations between items.
 
 A cancelled request ends as $REPRO_CANCEL_END says: `error` (default) sends a final response
-carrying a CANCELLED error, `flag` sends only the final flag, no response."""
+carrying a CANCELLED error, `flag` sends only the final flag, no response. An uncancelled request
+ends as $REPRO_FINAL says: `with-response` (default) sends its last response with the final flag,
+`separate` sends the last response, then the final flag alone."""
 import faulthandler
 import os
 
@@ -21,6 +23,7 @@ def count_tensor(count: int):
 class TritonPythonModel:
     def initialize(self, args):
         self.cancel_end = os.environ.get("REPRO_CANCEL_END", "error")
+        self.final = os.environ.get("REPRO_FINAL", "with-response")
 
     def execute(self, requests):
         for request in requests:
@@ -40,6 +43,9 @@ class TritonPythonModel:
             elif cancelled:
                 error = pb_utils.TritonError("request cancelled", pb_utils.TritonError.CANCELLED)
                 sender.send(pb_utils.InferenceResponse(error=error), flags=FINAL)
+            elif self.final == "separate":
+                sender.send(pb_utils.InferenceResponse([count_tensor(count)]))
+                sender.send(flags=FINAL)
             else:
                 sender.send(pb_utils.InferenceResponse([count_tensor(count)]), flags=FINAL)
         return None
