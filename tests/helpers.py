@@ -177,3 +177,15 @@ def run_staggered_batched(server, requests: list[GenerationRequest], task: str) 
     results = run_staggered(server.grpc_url, requests, task=task)
     assert histogram_above(server.metrics_url, "ditserve_step_batch_size", "dit", "1") > shared_before
     return results
+
+
+def assert_stops_cleanly(server) -> float:
+    """Stop `server` and fail if a stub crashed or shutdown waited out Triton's exit timeout
+    (a model that never finished unloading); returns the seconds the stop took."""
+    start = time.monotonic()
+    server.stop()
+    stop_s = time.monotonic() - start
+    log = server.log_path.read_text(errors="replace")
+    assert "Fatal Python error" not in log, f"a stub crashed:\n{server.log_tail(60)}"
+    assert "Exit timeout expired" not in log, f"shutdown waited out the exit timeout ({stop_s:.0f} s)"
+    return stop_s

@@ -13,12 +13,11 @@ does (docs/reliability.md, "Unload after cancel storms"; `perf/cancel_storm.py -
 from __future__ import annotations
 
 import sys
-import time
 
 import pytest
 
 from conftest import ROOT, TINY_PIXART
-from helpers import scrape, wait_for_metric
+from helpers import assert_stops_cleanly, scrape, wait_for_metric
 
 sys.path.insert(0, str(ROOT / "perf"))
 from cancel_storm import MODEL, explicit_server_options, storm, unload_seconds  # noqa: E402
@@ -48,9 +47,4 @@ def test_txt2img_stream_unloads_promptly_after_a_cancel_storm(tmp_path):
                                      f"cancels\n{server.log_tail(30)}")
         print(f"{cancelled} cancels; {MODEL} unloaded in {seconds:.1f} s")
     finally:
-        start = time.monotonic()
-        server.stop()
-        stop_s = time.monotonic() - start
-    log = server.log_path.read_text(errors="replace")
-    assert "Exit timeout expired" not in log, f"shutdown waited out the exit timeout ({stop_s:.0f} s)"
-    assert "Fatal Python error" not in log, server.log_tail(40)
+        assert_stops_cleanly(server)
