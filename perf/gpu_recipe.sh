@@ -26,11 +26,14 @@
 #             SCHED_SIZES 512,768,1024, 4 or 30 steps, CFG on/off), modes SCHED_MODES (default
 #             request_batch,step:cost; run step,step:cost in a second call) at capacity
 #             SCHED_CAPACITY (16) -> $OUT/control_* as the control stage (not in `all`; one call)
-#   soak      perf/soak.py on the PixArt deployment: measured saturation, then Poisson phases at
-#             0.5 / 0.9 / 1.3 x it for SOAK_PHASE_S s each, 512-1024px, 10-20 steps, 5 % cancels,
-#             2 % bad requests, 2 % injected faults; checks nothing is lost and records resource
-#             slopes -> $OUT/soak.json, $OUT/soak.md, $OUT/soak_server.log (not in `all`; ~5.5 min
-#             at SOAK_PHASE_S=60 plus the build)
+#   soak      issue 19: perf/soak.py on the PixArt deployment with the real config's [accel]
+#             (SOAK_ACCEL_FROM, default configs/pixart-sigma-1024.toml; empty = the deployment's own,
+#             eager) warmed at SOAK_WARM (512x512): measured saturation, then Poisson phases at
+#             0.5 / 0.9 / 1.3 x it sized to send SOAK_TARGET (10000) requests in what is left of the
+#             call; SOAK_SIZES 256,384,512 px, SOAK_STEPS 2-8, 5 % cancels, 2 % bad, 1 % injected
+#             faults, streaming / unary / CUDA-shm clients; pass criteria in the JSON ->
+#             $OUT/soak.json, $OUT/soak.png, $OUT/soak.tgz (soak.md, server.log, deployment.toml);
+#             not in `all`; one call: `bash perf/gpu_recipe.sh soak` (builds the model first if missing)
 #   sweeps    the named perf_analyzer sweeps in SWEEPS (default gpu-pixart1024-unary,gpu-pixart1024-stream),
 #             one after the other, each with its own raw baseline and server (perf/run_perf_analyzer.sh)
 #             -> $OUT/sweeps.tgz (each sweep's .md/.csv/.json/.png, ready for perf/results/);
@@ -75,7 +78,7 @@
 # BASELINE_RUNS (5), BASELINE_WARMUP (1), BASELINE_BATCHES (1,2,4,8), BASELINE_BATCH_RUNS (2),
 # SMOKE_SOLO (3), SMOKE_CONCURRENT (4), SWEEPS (gpu-pixart1024-unary,gpu-pixart1024-stream; a gpu-wan-* sweep
 # first builds full-size Wan2.1-T2V-1.3B if missing), SWEEP_LEVEL_TIMEOUT_S (150),
-# SOAK_PHASE_S (60), SOAK_SIZES (512,768,1024), SOAK_STEPS (10-20),
+# SOAK_TARGET (10000), SOAK_SIZES (256,384,512), SOAK_STEPS (2-8), SOAK_ACCEL_FROM, SOAK_WARM (512x512),
 # CONTROL_RATE (0.6 req/s), CONTROL_N (24), CONTROL_ARGS (extra args),
 # SCHED_MODES, SCHED_CAPACITY, SCHED_RATE (1.0 req/s), SCHED_N (40), SCHED_SIZES (scheduler stage),
 # VIDEO_STEPS (2), VIDEO_REPS (3), VIDEO_TEXT_ENCODER_LAYERS (24 = real),
@@ -376,14 +379,16 @@ stage_sweeps() {
 }
 
 stage_soak() {
-    local soak="$WORK/soak"
-    "$PY" perf/soak.py --deployment "$DEPLOYMENT" --sizes "${SOAK_SIZES:-512,768,1024}" --steps "${SOAK_STEPS:-10-20}" \
-        --phase-seconds "${SOAK_PHASE_S:-60}" --saturation-seconds 20 --fault-rate 0.02 \
+    local soak="$WORK/soak" accel=()
+    [[ -n "${SOAK_ACCEL_FROM-configs/pixart-sigma-1024.toml}" ]] && \
+        accel=(--accel-from "${SOAK_ACCEL_FROM-configs/pixart-sigma-1024.toml}" --warm-sizes "${SOAK_WARM:-512x512}")
+    "$PY" perf/soak.py --deployment "$DEPLOYMENT" "${accel[@]}" --sizes "${SOAK_SIZES:-256,384,512}" \
+        --steps "${SOAK_STEPS:-2-8}" --guidance 1.0,4.5 --phases 0.5,0.9,1.3 --target-requests "${SOAK_TARGET:-10000}" \
+        --budget-seconds "$(( $(remaining) - 10 ))" --saturation-seconds 20 --sample-interval 3 \
         --request-timeout 120 --out "$soak"
     local rc=$?
-    cp "$soak/soak.json" "$OUT/soak.json" 2>/dev/null
-    cp "$soak/soak.md" "$OUT/soak.md" 2>/dev/null
-    cp "$soak/server.log" "$OUT/soak_server.log" 2>/dev/null
+    cp "$soak/soak.json" "$soak/soak.png" "$OUT/" 2>/dev/null
+    tar -czf "$OUT/soak.tgz" -C "$soak" soak.md server.log deployment.toml 2>/dev/null
     return $rc
 }
 
@@ -587,7 +592,7 @@ main() {
             control) ensure_model control && run_timed control 200 stage_control ;;
             scheduler) ensure_model scheduler && run_timed scheduler 400 stage_scheduler ;;
             sweeps) run_timed sweeps 240 stage_sweeps ;;
-            soak) ensure_model soak && run_timed soak $(( 3 * ${SOAK_PHASE_S:-60} + 110 )) stage_soak ;;  # 3 phases + warm-up, saturation, drains, stop
+            soak) ensure_model soak && run_timed soak 240 stage_soak ;;  # load, warm-up, saturation, phases sized to fit
             matrix) run_timed matrix 150 stage_matrix ;;
             video) run_timed video 240 stage_video ;;
             i2v) run_timed i2v 300 stage_i2v ;;

@@ -23,7 +23,8 @@ Two optional trace fields serve reliability runs (perf/soak.py): `unary: true` s
 request to the non-streaming model (`txt2img`), the only path on which a client sees an
 error's gRPC status (a stream's error carries its message alone; unary requests are never
 cancelled), and `expect_error: REGEX` marks a request that must fail with a matching error
-(a bad input, a fault-tagged prompt). `unexpected_outcomes` counts the requests whose one
+(a bad input, a fault-tagged prompt); `shm: system|cuda` sends it unary with the image written
+into a shared-memory region the client registered (ditserve.shm). `unexpected_outcomes` counts the requests whose one
 terminal outcome is not what it should be (see outcome_problem).
 
 Report names follow vLLM-Omni's diffusion benchmark
@@ -221,8 +222,10 @@ def _inputs(grpcclient, entry: dict) -> list:
     return out
 
 
-async def one_request(client, entry: dict, rec: Record, t0: float, timeout_s: float, model: str = MODEL) -> Record:
-    """Send one generation on its own stream and read it to the end; fills `rec`."""
+async def one_request(client, entry: dict, rec: Record, t0: float, timeout_s: float, model: str = MODEL,
+                      pool=None) -> Record:
+    """Send one generation on its own stream and read it to the end; fills `rec`. An entry with
+    `shm` goes unary with its image written into a region of `pool` (ditserve.shm)."""
     import grpc
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
@@ -230,6 +233,9 @@ async def one_request(client, entry: dict, rec: Record, t0: float, timeout_s: fl
     now = lambda: time.perf_counter() - t0  # noqa: E731
     inputs = _inputs(grpcclient, entry)
     request_id = uuid.uuid4().hex
+    if entry.get("shm"):
+        return await _shm_request(client, pool, entry, inputs, request_id, rec, now, timeout_s,
+                                  model.removesuffix("_stream"))
     if entry.get("unary"):
         return await _unary_request(client, inputs, request_id, rec, now, timeout_s, model.removesuffix("_stream"))
 
@@ -327,12 +333,43 @@ async def _unary_request(client, inputs: list, request_id: str, rec: Record, now
     return rec
 
 
+async def _shm_request(client, pool, entry: dict, inputs: list, request_id: str, rec: Record, now, timeout_s: float,
+                       model: str) -> Record:
+    """A unary call whose image lands in a shared-memory region of `pool` (system or CUDA), read
+    back to check it; a region whose request failed is dropped, never reused."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    shape = [int(entry["height"]), int(entry["width"]), 3]
+    region = pool.acquire(shape[0] * shape[1] * 3)
+    output = grpcclient.InferRequestedOutput("image")
+    output.set_shared_memory(region.name, region.byte_size)
+    rec.send_s = now()
+    try:
+        result = await client.infer(model, inputs, outputs=[output], request_id=request_id, client_timeout=timeout_s)
+    except InferenceServerException as exc:
+        pool.release(region, broken=True)
+        lost = "DEADLINE_EXCEEDED" in str(exc.status())
+        rec.outcome, rec.error = ("lost", f"no response within {timeout_s}s") if lost else ("failed", str(exc))
+        rec.terminals, rec.end_s = int(not lost), now()
+        return rec
+    rec.outcome, rec.terminals, rec.end_s = "completed", 1, now()
+    written = result.get_output("image")
+    if written is None:
+        rec.outcome, rec.error = "failed", "response without the image output"
+    else:
+        rec.image_shape = tuple(int(v) for v in pool.read(region, list(written.shape)).shape)
+    pool.release(region)
+    return rec
+
+
 async def run_entries(url: str, entries: list[dict], max_concurrency: int | None, timeout_s: float,
                       speedup: float = 1.0, model: str = MODEL, progress_label: str = "") -> tuple[list[Record], float]:
     """Send `entries` at their arrival offsets (open loop); returns records and the run's t0."""
     import tritonclient.grpc.aio as aioclient
 
     client = aioclient.InferenceServerClient(url)
+    pool = _region_pool(url, entries)
     sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     records = [Record(i, shape_key(e), float(e.get("t", 0.0)) / speedup, None if e.get("unary") else e.get("cancel_after_s"),
                       expect_error=e.get("expect_error")) for i, e in enumerate(entries)]
@@ -345,10 +382,10 @@ async def run_entries(url: str, entries: list[dict], max_concurrency: int | None
         if delay > 0:
             await asyncio.sleep(delay)
         if sem is None:
-            await one_request(client, entry, rec, t0, timeout_s, model)
+            await one_request(client, entry, rec, t0, timeout_s, model, pool)
         else:
             async with sem:
-                await one_request(client, entry, rec, t0, timeout_s, model)
+                await one_request(client, entry, rec, t0, timeout_s, model, pool)
         done += 1
         if progress_label and (done % max(1, len(entries) // 10) == 0 or done == len(entries)):
             print(f"[loadgen] {progress_label}: {done}/{len(entries)} done", file=sys.stderr, flush=True)
@@ -357,7 +394,25 @@ async def run_entries(url: str, entries: list[dict], max_concurrency: int | None
         await asyncio.gather(*(launch(e, r) for e, r in zip(entries, records)))
     finally:
         await client.close()
+        if pool is not None:
+            pool.close()
+            pool.client.close()
     return records, t0
+
+
+def _region_pool(url: str, entries: list[dict]):
+    """An output-region pool of the kind the entries ask for (`shm`: system | cuda), or None.
+    Regions are registered through a synchronous client: the pool's calls block, briefly, once
+    per new region."""
+    kinds = {e["shm"] for e in entries if e.get("shm")}
+    if not kinds:
+        return None
+    if len(kinds) > 1:
+        raise ValueError(f"one shared-memory kind per run, got {sorted(kinds)}")
+    import tritonclient.grpc as grpcclient
+    from ditserve.shm import OutputRegionPool
+
+    return OutputRegionPool(grpcclient.InferenceServerClient(url), kinds.pop())
 
 
 # ---- server-side observations ------------------------------------------------------------

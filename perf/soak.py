@@ -2,13 +2,11 @@
 """Soak: Poisson load below, near and above saturation, with cancels, bad requests and
 injected faults; checks that every request ends exactly once and that nothing leaks.
 
-    # CPU, tiny deployment (~3.5 min on 2 cores; perf/results/2026-11-29-cpu-soak.md)
-    python perf/soak.py --deployment configs/tiny-pixart-sigma.toml --sizes 32,64,96,64x32 \\
-        --steps 2-12 --guidance 1.0,4.5 --phases 0.5,0.9,1.3 --phase-seconds 40 --out outputs/soak-cpu
-    # GPU host, full-size random-weight PixArt-Sigma (~5.5 min; perf/README.md, "Soak recipe")
-    python perf/soak.py --deployment configs/pixart-sigma-1024-random.toml --sizes 512,768,1024 \\
-        --steps 10-20 --phase-seconds 60 --saturation-seconds 20 --fault-rate 0.02 \\
-        --request-timeout 120 --out $OUT
+    # CPU dry run, tiny deployment (perf/results/2026-12-01-cpu-soak-dry-run.md)
+    python perf/soak.py --deployment configs/tiny-pixart-sigma.toml --sizes 32,64,96,64x32 --steps 2-8 \\
+        --guidance 1.0,4.5 --target-requests 500 --budget-seconds 240 --out outputs/soak-cpu
+    # GPU host, full-size random-weight PixArt-Sigma with the real config's acceleration, 10,000
+    # requests in one device call: `bash perf/gpu_recipe.sh soak` (its `soak` stage)
 
 One run:
  1. writes OUT/deployment.toml: the deployment plus a [faults] section (FAULTS below) whose
@@ -27,7 +25,10 @@ One run:
     unary, which must fail with INVALID_ARGUMENT, half streamed, whose error carries no
     status code and must name the input) and --fault-rate carry a fault marker (one error
     naming the stage, or an image for the stall fault), at least one bad and one fault per
-    phase; --unary-share of the others go to the non-streaming model;
+    phase; --unary-share of the others go to the non-streaming model and --shm-share to it with
+    the image into a shared-memory region (CUDA where the server has a GPU, system otherwise).
+    With --target-requests the phases are sized to send that many at the measured saturation,
+    within --budget-seconds;
  5. a sampler thread reads, every --sample-interval s, the RSS of tritonserver and its stubs,
     GPU memory (nvidia-smi; null without one), open fds, /dev/shm bytes the server maps
     (perf/resources.py), the dit state table, and readiness.
@@ -39,11 +40,16 @@ outcome counters must agree (one server terminal per request at most, failures o
 the client saw them). Slopes per minute of every resource figure are reported per phase and
 overall, after dropping the first --warmup-share of each span, and at idle after each drain.
 
-Writes OUT/soak.json, OUT/soak.md, OUT/deployment.toml and OUT/server.log. Exit status 0
-when everything held; 1 when a request was lost, duplicated or ended the wrong way, the
-server counts disagree, the server stopped being ready, a stub process came or went, or the
-state table did not return to 0; 130 when interrupted (SIGINT/SIGTERM: the partial report is
-still written).
+Pass criteria (`criteria` in soak.json, each true/false): every request exactly one outcome of
+the right kind; the server's counters agree with the client's; no stub died; the state table
+0 after every phase; the slope of tritonserver's and each stub's RSS, GPU memory, open fds and
+/dev/shm at most --max-slope per minute over the last --slope-phases phases (the fit and its
+samples are in the JSON, the plot in soak.png); a clean shutdown (no exit-timeout wait, no fatal
+line); with --target-requests, at least that many requests.
+
+Writes OUT/soak.json, OUT/soak.md, OUT/soak.png, OUT/deployment.toml and OUT/server.log. Exit
+status 0 when every criterion held; 1 otherwise; 130 when interrupted (SIGINT/SIGTERM: the
+partial report is still written).
 """
 from __future__ import annotations
 
@@ -99,9 +105,33 @@ def _toml_inline(table: dict) -> str:
     return "{ " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in table.items()) + " }"
 
 
-def write_fault_deployment(base: Path, out: Path) -> Deployment:
-    """The base deployment with a [faults] section of FAULTS appended, checked by the server's loader."""
+def section(text: str, name: str) -> str:
+    """The `[name]` table of a deployment file (header to the next table), or ""."""
+    match = re.search(rf"^\[{name}\][^\n]*\n(?:(?!^\[).*\n?)*", text, flags=re.M)
+    return match.group(0) if match else ""
+
+
+def with_accel(text: str, accel_from: Path, warm_sizes: str | None) -> str:
+    """`text` with its [accel] table replaced by the one of `accel_from` (e.g. the real checkpoint's
+    config: the acceleration a GPU deployment runs), its warm_sizes set to `warm_sizes` ("512x512,...")."""
+    accel = section(accel_from.read_text(), "accel")
+    if not accel:
+        raise SystemExit(f"{accel_from} has no [accel] section")
+    if warm_sizes:
+        sizes = ", ".join(json.dumps(v.strip()) for v in warm_sizes.split(",") if v.strip())
+        accel = re.sub(r"^warm_sizes\s*=.*$", f"warm_sizes = [{sizes}]", accel, flags=re.M)
+    accel = f"# [accel] from {accel_from.name} (perf/soak.py --accel-from)\n{accel.rstrip()}\n"
+    own = section(text, "accel")
+    return text.replace(own, "") + "\n" + accel if own else text.rstrip() + "\n\n" + accel
+
+
+def write_fault_deployment(base: Path, out: Path, accel_from: Path | None = None,
+                           warm_sizes: str | None = None) -> Deployment:
+    """The base deployment with a [faults] section of FAULTS appended (and, with `accel_from`,
+    another deployment's [accel]), checked by the server's loader."""
     text = base.read_text()
+    if accel_from is not None:
+        text = with_accel(text, accel_from, warm_sizes)
     if re.search(r"^\[faults", text, flags=re.M):
         raise SystemExit(f"{base} already has a [faults] section; soak adds its own")
     rules = ",\n".join(f"  {_toml_inline({**rule, 'marker': marker(name)})}" for name, (rule, _) in FAULTS.items())
@@ -190,6 +220,7 @@ class Workload:
         self.guidance = [float(g) for g in args.guidance.split(",")]
         self.bad = bad_variants(dep)
         self.cancel_delay: tuple[float, float] = (0.05, 0.5)   # replaced after the warm-up
+        self.shm_kind = "system"   # "cuda" where the server has a GPU (set by Soak)
         self.drawn = Counter()   # bad and fault requests so far: each phase goes on where the last one stopped
 
     def plain(self, n: int, rate: float, seed: int) -> list[dict]:
@@ -226,8 +257,14 @@ class Workload:
                 self.drawn["fault"] += 1
             elif j < n_bad + n_fault + n_cancel:
                 e.update(kind="cancel", cancel_after_s=round(rng.uniform(*self.cancel_delay), 3))
-            elif rng.random() < a.unary_share:
-                e["unary"] = True
+            else:
+                draw = rng.random()
+                if draw < a.shm_share:
+                    e.update(unary=True, shm=self.shm_kind)
+                elif draw < a.shm_share + a.unary_share:
+                    e["unary"] = True
+        for e in entries:
+            e["client"] = "shm" if e.get("shm") else "unary" if e.get("unary") else "stream"
         return entries
 
 
@@ -264,6 +301,7 @@ class Soak:
         self.task = dep.task
         self.model = f"{self.task}_stream"
         self.workload = Workload(args, dep)
+        self.workload.shm_kind = "cuda" if monitor.gpu else "system"
         self.phases: list[dict] = []
         self.idle: list[dict] = []          # a sample after each drain: the server at rest
         self.saturation: dict = {}
@@ -329,6 +367,7 @@ class Soak:
                 "cancels_requested", "cancels_too_late", "p50_e2el_ms", "p99_e2el_ms", "p50_ttfs_ms", "p99_ttfs_ms",
                 "duration")
         return {"name": name, "requests": len(records), "kinds": dict(Counter(e["kind"] for e in entries)),
+                "clients": dict(Counter(e.get("client", "stream") for e in entries)),
                 "outcomes_by_kind": {k: dict(v) for k, v in sorted(by_kind.items())},
                 **{k: summary[k] for k in keys}, "server_counts": srv, "server_checks": checks,
                 "cancels_sent": cancels, "cancels_crossing_the_image": cancels - client["cancelled"],
@@ -374,13 +413,29 @@ class Soak:
                                                      model=self.model))
         return records
 
+    def phase_seconds(self, rps: float) -> float:
+        """--phase-seconds, or with --target-requests the length that sends that many requests over
+        the fraction phases at the measured saturation, capped so that the phases, their drains
+        and the shutdown fit in what is left of --budget-seconds."""
+        a = self.args
+        if not a.target_requests:
+            return a.phase_seconds
+        seconds = a.target_requests / (rps * sum(a.fractions))
+        if a.budget_seconds:
+            left = a.budget_seconds - (time.monotonic() - a.t_wall) - a.reserve_seconds
+            seconds = min(seconds, left / len(a.fractions))
+        return max(5.0, seconds)
+
     def run(self) -> None:
         self.warm_up()
         rps = self.measure_saturation()
         self._log(f"saturation {rps:.3f} req/s ({self.saturation['source']})")
+        seconds = self.phase_seconds(rps)
+        self.saturation["phase_seconds"] = round(seconds, 1)
+        self._log(f"phases of {seconds:.0f} s: about {rps * seconds * sum(self.args.fractions):.0f} requests")
         for k, fraction in enumerate(self.args.fractions):
             rate = fraction * rps
-            entries = self.workload.phase(rate, self.args.phase_seconds, seed=self.args.seed * 1000 + k)
+            entries = self.workload.phase(rate, seconds, seed=self.args.seed * 1000 + k)
             self._log(f"phase {k + 1}: {fraction:g} x saturation, {len(entries)} requests at {rate:.3f} req/s")
             phase = self.run_phase(f"phase {k + 1} ({fraction:g}x)", entries, self._open_loop)
             phase.update(fraction=fraction, target_rps=round(rate, 4))
@@ -423,8 +478,81 @@ def analyse(soak: Soak, problems: list[str]) -> dict:
         span = after_warmup(samples, measured[0]["t_start"], measured[-1]["t_end"], share)
         first, last = span[0]["by_process"], span[-1]["by_process"]
         growth = dict(sorted(((n, round(last.get(n, 0.0) - mb, 1)) for n, mb in first.items()), key=lambda kv: -kv[1]))
+    last = measured[-soak.args.slope_phases:] if measured else []
+    fit = after_warmup(samples, last[0]["t_start"], last[-1]["t_end"], share) if last else []
+    slopes = last_phase_slopes(fit)
     return {"per_phase": per_phase, "overall": overall, "idle": idle, "rss_growth_by_process_mb": growth,
-            "not_ready_samples": len(not_ready), "process_counts": counts}
+            "not_ready_samples": len(not_ready), "process_counts": counts,
+            "last_phases": {"phases": [p["name"] for p in last], "samples": len(fit), "slopes_per_min": slopes}}
+
+
+def last_phase_slopes(samples: list[dict]) -> dict[str, float | None]:
+    """Slope per minute of each figure the pass criterion bounds: RSS of tritonserver and of
+    each stub (MB), GPU memory (MiB), open fds, /dev/shm (MB)."""
+    names = sorted({n for s in samples for n in s["by_process"]})
+    per_process = [{"t": s["t"], **{f"rss_mb:{n}": s["by_process"].get(n) for n in names}} for s in samples]
+    out = {key: resources.slope_per_min(per_process, key) for key in (f"rss_mb:{n}" for n in names)}
+    out.update({key: resources.slope_per_min(samples, key) for key in ("gpu_mb", "fds", "shm_mb")})
+    return {k: None if v is None else round(v, 3) for k, v in out.items()}
+
+
+def criteria(soak: Soak | None, analysis: dict | None, problems: list[str], shutdown: dict | None) -> dict:
+    """The pass criteria of issue 19, each True/False (None: not measurable in this run)."""
+    phases = [p for p in (soak.phases if soak else []) if "fraction" in p]
+    total = sum(p["requests"] for p in phases)
+    slopes = (analysis or {}).get("last_phases", {}).get("slopes_per_min", {})
+    bound = soak.args.max_slope if soak else 1.0
+    out = {
+        "every request exactly one outcome of the right kind": soak is not None and bool(phases) and not any(
+            p["lost"] or p["duplicated"] or p["unexpected_outcomes"] for p in soak.phases),
+        "server counters agree with the client's": soak is not None and all(
+            all(p["server_checks"].values()) for p in soak.phases),
+        "no stub died (process count constant)": bool(analysis) and len(analysis["process_counts"]) == 1,
+        "state table 0 after every phase": soak is not None and all(
+            p["state_table_after_drain"] == 0 for p in soak.phases),
+        f"every slope <= {bound:g}/min over the last phases": (
+            all(v is not None and v <= bound for k, v in slopes.items() if not (k == "gpu_mb" and v is None))
+            if slopes else None),
+        "clean shutdown": None if shutdown is None else not (shutdown["exit_timeout_expired"] or shutdown["fatal_lines"]),
+        "no problem reported": not problems,
+    }
+    if soak and soak.args.target_requests:
+        out[f"at least {soak.args.target_requests} requests in the fraction phases"] = total >= soak.args.target_requests
+    return out
+
+
+def plot(soak: Soak, path: Path) -> Path | None:
+    """Resources over time (RSS per process, GPU memory, fds, /dev/shm), phases shaded; None without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        print(f"[soak] no plot: {exc}", file=sys.stderr)
+        return None
+    samples = soak.monitor.samples
+    t0 = samples[0]["t"]
+    minutes = [(s["t"] - t0) / 60 for s in samples]
+    fig, axes = plt.subplots(4, 1, figsize=(11, 12), sharex=True)
+    names = sorted({n for s in samples for n in s["by_process"]}, key=lambda n: (n != "tritonserver", n))
+    for name in names:
+        axes[0].plot(minutes, [s["by_process"].get(name) for s in samples], label=name, lw=1)
+    axes[0].set_ylabel("RSS MB")
+    axes[0].legend(fontsize=6, ncol=4)
+    for ax, key, label in ((axes[1], "gpu_mb", "GPU memory MiB"), (axes[2], "fds", "open fds"),
+                           (axes[3], "shm_mb", "/dev/shm MB")):
+        ax.plot(minutes, [s.get(key) for s in samples], lw=1)
+        ax.set_ylabel(label)
+    for k, phase in enumerate(soak.phases):
+        for ax in axes:
+            ax.axvspan((phase["t_start"] - t0) / 60, (phase["t_end"] - t0) / 60, alpha=0.08 if k % 2 else 0.16)
+        axes[0].text((phase["t_start"] - t0) / 60, axes[0].get_ylim()[1], phase["name"], fontsize=6, va="top")
+    axes[-1].set_xlabel("minutes since the server was ready")
+    fig.suptitle(f"soak: {Path(soak.args.deployment).name}, {sum(p['requests'] for p in soak.phases)} requests")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
 
 
 def server_log_errors(path: Path) -> list[str]:
@@ -506,16 +634,19 @@ def write_report(soak: Soak | None, args, command: str, info: dict, deployment_t
                f"outcome {total('unexpected_outcomes')}; server not ready in "
                f"{analysis['not_ready_samples'] if analysis else 'n/a'} samples; state table after the last drain "
                f"{_f(phases[-1]['state_table_after_drain'], 0) if phases else 'n/a'}.")
+    phase_s = (soak.saturation if soak else {}).get("phase_seconds", args.phase_seconds)
     workload = (f"Deployment `{args.deployment}` + the fault rules below; sizes `{args.sizes}`, steps `{args.steps}`, "
-                f"guidance `{args.guidance}`; phases {args.phases} x saturation, {args.phase_seconds:g} s of Poisson "
+                f"guidance `{args.guidance}`; phases {args.phases} x saturation, {phase_s:g} s of Poisson "
                 f"arrivals each, then a drain. Requests of the fraction phases by kind: {dict(sorted(kinds.items()))}. "
                 f"Shares: cancel {args.cancel_rate}, bad {args.bad_rate} (half unary: must be `INVALID_ARGUMENT` naming "
-                f"the input; half streamed: must name the input), fault {args.fault_rate}; {args.unary_share:.0%} of "
-                f"the other requests unary (`{soak.task if soak else 'txt2img'}`), the rest streamed. Cancel delay "
+                f"the input; half streamed: must name the input), fault {args.fault_rate}; of "
+                f"the other requests {args.unary_share:.0%} unary (`{soak.task if soak else 'txt2img'}`), "
+                f"{args.shm_share:.0%} unary into {soak.workload.shm_kind if soak else 'n/a'} shared memory, the rest "
+                f"streamed. Cancel delay "
                 f"{soak.workload.cancel_delay if soak else 'n/a'} s after sending (uniform).")
     md = f"""# Soak: {Path(args.deployment).name} — {dt.date.today().isoformat()} ({machine_label(info)})
 
-## Verdict
+## Ledger (before the shutdown; the pass criteria are at the end)
 {verdict}
 {chr(10).join(f'- {p}' for p in problems[:30])}
 
@@ -561,6 +692,10 @@ saturation burst (warm-up when saturation was given) on: the leak indicator leas
 RSS growth per process over the fraction phases after warm-up (MB):
 {json.dumps(analysis['rss_growth_by_process_mb']) if analysis else 'n/a'}
 
+Slopes per minute over the last phases ({', '.join((analysis or {}).get('last_phases', {}).get('phases', [])) or 'n/a'},
+after their first {args.warmup_share:.0%}), the pass criterion's fit (bound {args.max_slope:g}/min; plot: soak.png):
+{json.dumps((analysis or {}).get('last_phases', {}).get('slopes_per_min'))}
+
 ## Server log
 {len(log_errors)} error lines other than those of the injected faults and bad requests{':' if log_errors else '.'}
 {fence(chr(10).join(log_errors[:20])) if log_errors else ''}
@@ -572,19 +707,32 @@ Raw numbers (every sample, every phase): the JSON file of the same name beside t
     return md_path, json_path
 
 
-def record_shutdown(out: Path, stop_s: float) -> dict:
-    """Add how the server stopped to the report (written before: stopping can take the exit timeout)."""
+def read_shutdown(out: Path, stop_s: float) -> dict:
+    """How the server stopped, from its log: the exit-timeout wait, fatal lines, and the models
+    that never finished unloading (a Triton 2.51 gRPC stream whose cancel crossed its final
+    response keeps `<task>_stream` loaded: docs/reliability.md)."""
     log = (out / "server.log").read_text(errors="replace")
     tail = log[log.rfind("Signal (2) received."):] if "Signal (2) received." in log else ""
-    shutdown = {"stop_s": round(stop_s, 1), "stub_segfaults": tail.count("Fatal Python error: Segmentation fault"),
-                "exit_timeout_expired": "Exit timeout expired" in tail}
+    loaded = set(re.findall(r"successfully loaded '([^']+)'", log))
+    unloaded = set(re.findall(r"successfully unloaded '([^']+)'", tail))
+    fatal = [ln for ln in tail.splitlines() if "Fatal" in ln or "Segmentation fault" in ln]
+    return {"stop_s": round(stop_s, 1), "stub_segfaults": tail.count("Fatal Python error: Segmentation fault"),
+            "fatal_lines": fatal[:10], "exit_timeout_expired": "Exit timeout expired" in tail,
+            "models_not_unloaded": sorted(loaded - unloaded)}
+
+
+def record_shutdown(out: Path, shutdown: dict, verdict: dict) -> None:
+    """Add the shutdown and the final criteria to the report (written before the stop: it can take the exit timeout)."""
     payload = json.loads((out / "soak.json").read_text())
-    (out / "soak.json").write_text(json.dumps({**payload, "shutdown": shutdown}, indent=2) + "\n")
+    ok = all(v is not False for v in verdict.values())
+    (out / "soak.json").write_text(json.dumps({**payload, "ok": ok, "criteria": verdict, "shutdown": shutdown},
+                                              indent=2) + "\n")
+    rows = "\n".join(f"| {name} | {'n/a' if v is None else 'pass' if v else '**FAIL**'} |" for name, v in verdict.items())
     with (out / "soak.md").open("a") as md:
-        md.write(f"\n## Shutdown (after the report; not part of the verdict)\nStopped {stop_s:.0f} s after SIGINT; "
-                 f"stub segfaults while unloading: {shutdown['stub_segfaults']}; Triton's exit timeout expired: "
-                 f"{shutdown['exit_timeout_expired']}.\n")
-    return shutdown
+        md.write(f"\n## Shutdown\nStopped {shutdown['stop_s']:.0f} s after SIGINT; exit timeout expired: "
+                 f"{shutdown['exit_timeout_expired']}; models that never finished unloading: "
+                 f"{shutdown['models_not_unloaded'] or 'none'}; fatal lines: {len(shutdown['fatal_lines'])}.\n\n"
+                 f"## Pass criteria: {'PASS' if ok else 'FAIL'}\n| criterion | result |\n|---|---|\n{rows}\n")
 
 
 # ---- command line ------------------------------------------------------------------------
@@ -594,7 +742,11 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--deployment", default="configs/tiny-pixart-sigma.toml", help="deployment TOML (an image family); "
                    "must have no [faults] section (default configs/tiny-pixart-sigma.toml)")
-    p.add_argument("--out", required=True, help="folder for soak.json, soak.md, deployment.toml, server.log")
+    p.add_argument("--out", required=True, help="folder for soak.json, soak.md, soak.png, deployment.toml, server.log")
+    p.add_argument("--accel-from", default=None, help="serve with the [accel] section of this deployment file (e.g. "
+                   "configs/pixart-sigma-1024.toml: the acceleration the GPU deployment turns on)")
+    p.add_argument("--warm-sizes", default=None, help="with --accel-from: its warm_sizes replaced by these "
+                   "('512x512,256x256'); other sizes run eager")
     load = p.add_argument_group("load")
     load.add_argument("--saturation-rps", type=float, default=None, help="saturation in req/s; measured when unset")
     load.add_argument("--saturation-seconds", type=float, default=30.0, help="length of the closed-loop burst (default 30)")
@@ -613,6 +765,16 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--fault-rate", type=float, default=0.01, help="share of fault-tagged requests (default 0.01)")
     load.add_argument("--unary-share", type=float, default=0.2,
                       help="share of the good requests sent to the non-streaming model (default 0.2)")
+    load.add_argument("--shm-share", type=float, default=0.1,
+                      help="share of the good requests sent unary with the image into a shared-memory region: CUDA "
+                           "where the server has a GPU, system memory otherwise (default 0.1)")
+    load.add_argument("--target-requests", type=int, default=0,
+                      help="size the phases (instead of --phase-seconds) to send this many requests over the fraction "
+                           "phases at the measured saturation; a criterion of the verdict (default 0: off)")
+    load.add_argument("--budget-seconds", type=float, default=0.0,
+                      help="with --target-requests: shorten the phases so the whole run fits in this (default 0: none)")
+    load.add_argument("--reserve-seconds", type=float, default=75.0,
+                      help="kept out of --budget-seconds for the drains, the report and the shutdown (default 75)")
     load.add_argument("--seed", type=int, default=0)
     load.add_argument("--request-timeout", type=float, default=300.0,
                       help="a request without a terminal response by then is lost, s (default 300)")
@@ -620,10 +782,17 @@ def build_parser() -> argparse.ArgumentParser:
     meas.add_argument("--sample-interval", type=float, default=2.0, help="resource sampling period, s (default 2)")
     meas.add_argument("--warmup-share", type=float, default=0.25,
                       help="share of each span left out of the slopes (default 0.25)")
+    meas.add_argument("--slope-phases", type=int, default=2,
+                      help="the pass criterion fits the slopes over this many last fraction phases (default 2)")
+    meas.add_argument("--max-slope", type=float, default=1.0,
+                      help="bound of each slope (MB, MiB or fds per minute) over those phases (default 1.0)")
     meas.add_argument("--settle-timeout", type=float, default=60.0,
                       help="after a phase, wait this long at most for the server to count every request and empty "
                            "its state table, s (default 60)")
     meas.add_argument("--server-timeout", type=float, default=600.0, help="readiness wait, s (default 600)")
+    meas.add_argument("--exit-timeout", type=int, default=30,
+                      help="tritonserver --exit-timeout-secs: how long the stop may wait for models to unload; an "
+                           "expired wait fails the clean-shutdown criterion (default 30)")
     return p
 
 
@@ -636,9 +805,14 @@ def main(argv: list[str] | None = None) -> int:
     args.fractions = [float(f) for f in args.phases.split(",") if f.strip()]
     if args.bad_rate + args.fault_rate + args.cancel_rate >= 1:
         raise SystemExit("--bad-rate + --fault-rate + --cancel-rate must stay below 1")
+    if args.shm_share + args.unary_share > 1:
+        raise SystemExit("--shm-share + --unary-share must stay at most 1")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    dep = write_fault_deployment(base, out / "deployment.toml")
+    accel_from = Path(args.accel_from) if args.accel_from else None
+    if accel_from is not None and not accel_from.is_absolute() and not accel_from.exists():
+        accel_from = ROOT / accel_from
+    dep = write_fault_deployment(base, out / "deployment.toml", accel_from, args.warm_sizes)
     if dep.is_video:
         raise SystemExit(f"{base}: soak drives image deployments (loadgen reads the `image` output)")
     args.sizes = args.sizes or f"{dep.defaults.height}x{dep.defaults.width}"
@@ -650,8 +824,8 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupt)
 
-    t_wall = time.monotonic()
-    soak, problems, interrupted, analysis, version = None, [], None, None, None
+    t_wall = args.t_wall = time.monotonic()
+    soak, problems, interrupted, analysis, version, verdict = None, [], None, None, None, {}
     try:
         resources.gpu_memory_mb()
         gpu = True
@@ -662,7 +836,8 @@ def main(argv: list[str] | None = None) -> int:
         render_repository(out / "deployment.toml", repo)
         http, grpc_port, metrics = free_ports(3)
         server = TritonServer(ServerOptions(model_repository=repo, http_port=http, grpc_port=grpc_port,
-                                            metrics_port=metrics, deployment=str(out / "deployment.toml")),
+                                            metrics_port=metrics, deployment=str(out / "deployment.toml"),
+                                            extra_args=[f"--exit-timeout-secs={args.exit_timeout}"]),
                               log_path=out / "server.log")
         print(f"[soak] starting tritonserver on {repo} (log {server.log_path})", file=sys.stderr, flush=True)
         server.start()
@@ -696,10 +871,18 @@ def main(argv: list[str] | None = None) -> int:
                   "stopping the server", file=sys.stderr, flush=True)
             t_stop = time.monotonic()
             server.stop()
-            print(f"[soak] shutdown: {record_shutdown(out, time.monotonic() - t_stop)}", file=sys.stderr)
+            shutdown = read_shutdown(out, time.monotonic() - t_stop)
+            verdict = criteria(soak, analysis, problems, shutdown)
+            record_shutdown(out, shutdown, verdict)
+            if soak is not None:
+                plot(soak, out / "soak.png")
+            print(f"[soak] shutdown: {shutdown}", file=sys.stderr)
     for problem in problems[:20]:
         print(f"[soak]   {problem}", file=sys.stderr)
-    return 130 if interrupted else (1 if problems or soak is None else 0)
+    for name, value in verdict.items():
+        print(f"[soak] {'n/a ' if value is None else 'pass' if value else 'FAIL'} {name}", file=sys.stderr)
+    failed = soak is None or any(v is False for v in verdict.values())
+    return 130 if interrupted else (1 if failed else 0)
 
 if __name__ == "__main__":
     sys.exit(main())
