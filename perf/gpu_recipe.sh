@@ -28,9 +28,9 @@
 #             SCHED_CAPACITY (16) -> $OUT/control_* as the control stage (not in `all`; one call)
 #   soak      issue 19: perf/soak.py on the PixArt deployment with the real config's [accel]
 #             (SOAK_ACCEL_FROM, default configs/pixart-sigma-1024.toml; empty = the deployment's own,
-#             eager) warmed at SOAK_WARM (512x512): measured saturation, then Poisson phases at
+#             eager) warmed at SOAK_WARM (256x256,512x512): measured saturation, then Poisson phases at
 #             0.5 / 0.9 / 1.3 x it sized to send SOAK_TARGET (10000) requests in what is left of the
-#             call; SOAK_SIZES 256,384,512 px, SOAK_STEPS 2-8, 5 % cancels, 2 % bad, 1 % injected
+#             call; SOAK_SIZES 256,512 px, SOAK_STEPS 2-8, 5 % cancels, 2 % bad, 1 % injected
 #             faults, streaming / unary / CUDA-shm clients; pass criteria in the JSON ->
 #             $OUT/soak.json, $OUT/soak.png, $OUT/soak.tgz (soak.md, server.log, deployment.toml);
 #             not in `all`; one call: `bash perf/gpu_recipe.sh soak` (builds the model first if missing)
@@ -78,7 +78,7 @@
 # BASELINE_RUNS (5), BASELINE_WARMUP (1), BASELINE_BATCHES (1,2,4,8), BASELINE_BATCH_RUNS (2),
 # SMOKE_SOLO (3), SMOKE_CONCURRENT (4), SWEEPS (gpu-pixart1024-unary,gpu-pixart1024-stream; a gpu-wan-* sweep
 # first builds full-size Wan2.1-T2V-1.3B if missing), SWEEP_LEVEL_TIMEOUT_S (150),
-# SOAK_TARGET (10000), SOAK_SIZES (256,384,512), SOAK_STEPS (2-8), SOAK_ACCEL_FROM, SOAK_WARM (512x512),
+# SOAK_TARGET (10000), SOAK_SIZES (256,512), SOAK_STEPS (2-8), SOAK_ACCEL_FROM, SOAK_WARM (256x256,512x512),
 # CONTROL_RATE (0.6 req/s), CONTROL_N (24), CONTROL_ARGS (extra args),
 # SCHED_MODES, SCHED_CAPACITY, SCHED_RATE (1.0 req/s), SCHED_N (40), SCHED_SIZES (scheduler stage),
 # VIDEO_STEPS (2), VIDEO_REPS (3), VIDEO_TEXT_ENCODER_LAYERS (24 = real),
@@ -381,8 +381,8 @@ stage_sweeps() {
 stage_soak() {
     local soak="$WORK/soak" accel=()
     [[ -n "${SOAK_ACCEL_FROM-configs/pixart-sigma-1024.toml}" ]] && \
-        accel=(--accel-from "${SOAK_ACCEL_FROM-configs/pixart-sigma-1024.toml}" --warm-sizes "${SOAK_WARM:-512x512}")
-    "$PY" perf/soak.py --deployment "$DEPLOYMENT" "${accel[@]}" --sizes "${SOAK_SIZES:-256,384,512}" \
+        accel=(--accel-from "${SOAK_ACCEL_FROM-configs/pixart-sigma-1024.toml}" --warm-sizes "${SOAK_WARM:-256x256,512x512}")
+    "$PY" perf/soak.py --deployment "$DEPLOYMENT" "${accel[@]}" --sizes "${SOAK_SIZES:-256,512}" \
         --steps "${SOAK_STEPS:-2-8}" --guidance 1.0,4.5 --phases 0.5,0.9,1.3 --target-requests "${SOAK_TARGET:-10000}" \
         --budget-seconds "$(( $(remaining) - 10 ))" --saturation-seconds 20 --sample-interval 3 \
         --request-timeout 120 --out "$soak"
