@@ -148,7 +148,10 @@ def test_fast_tier_reuses_steps_and_a_lossless_video_beside_it_stays_exact(wan_s
     request says how many steps it reused; a `lossless` request step-batched with `fast` ones
     matches its solo result as plain step batching does (the exact half: tests/test_cache.py)."""
     lossless = video("a paper boat", seed=5, num_inference_steps=60)
-    fast = [video("a paper boat", seed=6 + i, num_inference_steps=60, quality="fast") for i in range(2)]
+    # The first runs long, so that the others always join it (a fast host finishes 60 tiny steps
+    # before the next request is admitted).
+    fast = [video("a paper boat", seed=6 + i, num_inference_steps=steps, quality="fast")
+            for i, steps in enumerate((300, 60))]
     with DitClient(wan_server.grpc_url, "grpc", task="txt2vid") as client:
         solo = client.generate(lossless)
         fast_solo = client.generate(fast[0])
