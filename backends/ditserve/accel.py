@@ -133,7 +133,6 @@ class BucketGraph:
     """
 
     def __init__(self, forward: Callable, inputs: list[torch.Tensor], names: list[str], pool: Any):
-        self.names = names
         self.static = [t.clone() for t in inputs]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -147,9 +146,7 @@ class BucketGraph:
     def __call__(self, inputs: list[torch.Tensor]) -> torch.Tensor:
         rows = inputs[0].shape[0]
         for buffer, t in zip(self.static, inputs):
-            buffer[:rows].copy_(t)
-            if rows < buffer.shape[0]:
-                buffer[rows:].copy_(t[-1:].expand(buffer.shape[0] - rows, *t.shape[1:]))
+            buffer.copy_(_pad_rows(t, buffer.shape[0]))
         self.graph.replay()
         return self.out[:rows].clone()
 
