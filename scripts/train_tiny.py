@@ -267,7 +267,7 @@ def evaluate(out: Path, report: Path, device: torch.device, seeds: int) -> dict:
     """Colour and shape scores of the saved folder, on seen and held-out prompts, over a grid
     of step counts and guidance scales. samples.png holds one row per setting (first seed of
     each prompt, held-out ones last)."""
-    pipe = PixArtSigmaPipeline.from_pretrained(out).to(device)
+    pipe = PixArtSigmaPipeline.from_pretrained(out, torch_dtype=torch.float32).to(device)  # stored in float16
     pipe.set_progress_bar_config(disable=True)
     combos = shapes.eval_prompts()
     asked = [combo for combo in combos for _ in range(seeds)]
