@@ -15,7 +15,7 @@ The output is a normal diffusers folder (`PixArtSigmaPipeline.from_pretrained`),
 evaluated with that pipeline on scripts/shapes_dataset.eval_prompts() (held-out
 combinations included); samples and scores go to --report.
 
-    python scripts/train_tiny.py --out models/tiny-pixart-shapes --report outputs/train  # H200: ~4 min + eval
+    python scripts/train_tiny.py --out models/tiny-pixart-shapes --report outputs/train  # H200: ~5 min + eval
     python scripts/train_tiny.py --out /tmp/x --vae-steps 20 --dit-steps 20 --batch 16     # CPU smoke run
     python scripts/train_tiny.py --out models/tiny-pixart-shapes --report outputs/eval --evaluate-only
 
@@ -251,6 +251,10 @@ def save(parts: Parts, ema: dict[str, torch.nn.Module], out: Path) -> None:
     # Stored in float16 (every weight is far inside its range): half the size in git; a deployment
     # loads them in its own dtype.
     pipe.to(dtype=torch.float16).save_pretrained(out, safe_serialization=True)
+    # transformers (v5) loads a model in the dtype its config names, diffusers in float32: name
+    # float32 so that a plain from_pretrained(out) gives one dtype throughout.
+    config = out / "text_encoder" / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "dtype": "float32"}, indent=2) + "\n")
     print(f"[save] {out} ({dir_size(out) / 2**20:.2f} MiB)", flush=True)
 
 
@@ -298,12 +302,12 @@ def parse_args(argv: list[str] | None) -> TrainConfig:
     p.add_argument("--report", type=Path, help="folder for the training summary, scores and sample grids")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--batch", type=int, default=512)
-    p.add_argument("--vae-steps", type=int, default=836)
-    p.add_argument("--dit-steps", type=int, default=2845)
+    p.add_argument("--batch", type=int, default=1024)
+    p.add_argument("--vae-steps", type=int, default=306)
+    p.add_argument("--dit-steps", type=int, default=2488)
     p.add_argument("--max-minutes", type=float, default=10.0, help="wall-clock budget for both stages")
     p.add_argument("--vae-share", type=float, default=0.2, help="fraction of --max-minutes for the VAE")
-    p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--ema-decay", type=float, default=0.999)
     p.add_argument("--eval-seeds", type=int, default=4, help="seeds per evaluation prompt (0: no evaluation)")
     p.add_argument("--evaluate-only", action="store_true", help="skip training: evaluate the folder at --out")
