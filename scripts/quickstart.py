@@ -12,6 +12,7 @@ outputs/quickstart-server.log.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -36,6 +37,9 @@ def main() -> int:
     outputs.mkdir(exist_ok=True)
     repo, log = outputs / "quickstart-repo", outputs / "quickstart-server.log"
     render(ROOT / "model_repository", repo, load_deployment(DEPLOYMENT))
+    # The server runs in its own session: a SIGTERM (e.g. `timeout`) must unwind the `with`
+    # below, which stops it, instead of killing this process and leaving the server behind.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     print(f"[quickstart] starting tritonserver on {DEPLOYMENT.relative_to(ROOT)} (log: {log})", file=sys.stderr,
           flush=True)
     with TritonServer(ServerOptions(model_repository=repo, deployment=str(DEPLOYMENT)), log_path=log) as server:
