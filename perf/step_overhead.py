@@ -36,14 +36,13 @@ import uuid
 from pathlib import Path
 
 import numpy as np
-import torch
 import tritonclient.grpc as grpcclient
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "backends"))
 sys.path.insert(0, str(ROOT / "perf"))
 from ditserve.deployment import load_deployment  # noqa: E402
-from ditserve.handoff import ConditioningStore, default_root  # noqa: E402
+from ditserve.handoff import ConditioningStore, HostTensor, default_root  # noqa: E402
 from ditserve.launcher import ServerOptions, TritonServer, free_ports  # noqa: E402
 from loadgen import histogram_mean, scrape  # noqa: E402
 from machine import machine_info, server_version  # noqa: E402
@@ -67,7 +66,7 @@ def one_generation(url: str, seq_len: int, width: int, steps: int, handoff: Cond
     if handoff is None:
         inputs += [tensor("embeds", embeds, "FP32"), tensor("mask", mask, "INT64")]
     else:
-        handoff.put(request_id, {"embeds": torch.from_numpy(embeds[0]), "mask": torch.from_numpy(mask[0])})
+        handoff.put(request_id, {"embeds": HostTensor.from_numpy(embeds[0]), "mask": HostTensor.from_numpy(mask[0])})
     arrivals: queue.Queue = queue.Queue()
     with grpcclient.InferenceServerClient(url) as client:
         client.start_stream(callback=lambda result, error: arrivals.put((time.perf_counter(), result, error)))

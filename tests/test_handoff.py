@@ -1,4 +1,7 @@
-"""ditserve.handoff: the conditioning a public model hands to dit out of band (pure logic)."""
+"""ditserve.handoff: the conditioning a public model hands to dit out of band (pure logic).
+
+The writer (a public model) has no torch: it writes safetensors from raw bytes; the reader
+(dit) loads with safetensors.torch, so these round trips check the writer against it."""
 from __future__ import annotations
 
 import os
@@ -7,13 +10,17 @@ import time
 import pytest
 import torch
 
-from ditserve.handoff import ConditioningStore
+from ditserve.handoff import ConditioningStore, HostTensor
+
+
+def host(tensor: torch.Tensor) -> HostTensor:
+    return HostTensor.from_numpy(tensor.numpy())
 
 
 def test_take_returns_what_was_put_and_removes_it(tmp_path):
     store = ConditioningStore(tmp_path / "handoff")
     sent = {"embeds": torch.randn(2, 7, 4), "mask": torch.ones(2, 7, dtype=torch.int64)}
-    store.put("gen-1", sent)
+    store.put("gen-1", {name: host(t) for name, t in sent.items()})
     got = store.take("gen-1")
     assert got.keys() == sent.keys() and all(torch.equal(got[k], sent[k]) for k in sent)
     assert not list(store.root.iterdir())
@@ -23,19 +30,39 @@ def test_take_returns_what_was_put_and_removes_it(tmp_path):
 
 def test_discard_is_idempotent_and_ids_cannot_name_paths(tmp_path):
     store = ConditioningStore(tmp_path / "handoff")
-    store.put("gen-2", {"embeds": torch.zeros(1)})
+    store.put("gen-2", {"embeds": host(torch.zeros(1))})
     store.discard("gen-2")
     store.discard("gen-2")
     assert not list(store.root.iterdir())
     with pytest.raises(ValueError, match="not a safe file name"):
-        store.put("../escape", {"embeds": torch.zeros(1)})
+        store.put("../escape", {"embeds": host(torch.zeros(1))})
 
 
 def test_garbage_collection_drops_only_old_entries(tmp_path):
     store = ConditioningStore(tmp_path / "handoff")
-    store.put("old", {"embeds": torch.zeros(1)})
-    store.put("new", {"embeds": torch.zeros(1)})
+    store.put("old", {"embeds": host(torch.zeros(1))})
+    store.put("new", {"embeds": host(torch.zeros(1))})
     past = time.time() - 600
     os.utime(store.root / "old", (past, past))
     assert store.collect_garbage(300) == 1
     assert [p.name for p in store.root.iterdir()] == ["new"]
+
+
+def test_bf16_bytes_and_a_dropped_batch_dim_read_back_as_torch(tmp_path):
+    """BF16 has no numpy dtype: the public model hands its raw bytes over (stages/dlpack.py)."""
+    store = ConditioningStore(tmp_path / "handoff")
+    embeds = torch.randn(1, 2, 5, 3).to(torch.bfloat16)
+    raw = HostTensor("BF16", tuple(embeds.shape), embeds.view(torch.int16).numpy().tobytes())
+    store.put("gen-3", {"embeds": raw.without_batch(), "mask": host(torch.ones(2, 5, dtype=torch.int64))})
+    got = store.take("gen-3")
+    assert got["embeds"].dtype == torch.bfloat16 and torch.equal(got["embeds"], embeds[0])
+    assert torch.equal(got["mask"], torch.ones(2, 5, dtype=torch.int64))
+
+
+def test_a_host_tensor_must_match_its_dtype_and_shape():
+    with pytest.raises(ValueError, match="7 bytes for a F32 tensor of shape \\[2\\]"):
+        HostTensor("F32", (2,), b"\0" * 7)
+    with pytest.raises(ValueError, match="dtype 'F8'; allowed"):
+        HostTensor("F8", (1,), b"\0")
+    with pytest.raises(ValueError, match="expected a batch of one, got shape \\[2, 3\\]"):
+        HostTensor("U8", (2, 3), b"\0" * 6).without_batch()

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
-import torch
 import tritonclient.grpc as grpcclient
 from diffusers import FluxPipeline
 from tritonclient.utils import InferenceServerException
@@ -25,7 +24,7 @@ from tritonclient.utils import InferenceServerException
 from conftest import ROOT, TINY_FLUX, TINY_PIXART, diffusers_image, start_server
 from ditserve.client import DitClient, GenerationRequest
 from ditserve.deployment import write_variant
-from ditserve.handoff import ConditioningStore
+from ditserve.handoff import ConditioningStore, HostTensor
 from ditserve.pipelines import PipelineNames, RepositoryControl, split_model_name
 from ditserve.scratch import pipeline_dir
 from mmdit_helpers import FLUX_DEPLOYMENT, diffusers_flux_image
@@ -102,7 +101,7 @@ def test_unloading_one_pipeline_keeps_the_scratch_files_of_another(tmp_path):
     """dit removes its pipeline's scratch folder at unload; another pipeline's in-flight handoffs stay."""
     pixart, flux = (ConditioningStore(pipeline_dir(tmp_path, "handoff", name, server_pid=1))
                     for name in ("pixart", "flux"))
-    flux.put("gen-1", {"embeds": torch.zeros(1)})
+    flux.put("gen-1", {"embeds": HostTensor.from_numpy(np.zeros(1, np.float32))})
     pixart.remove_all()
     assert not pixart.root.exists() and list(flux.root.iterdir()) == [flux.root / "gen-1"]
     flux.remove_all()

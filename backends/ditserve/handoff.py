@@ -18,17 +18,68 @@ The format is safetensors, not torch.save: no pickle, and faster. On the 2-core 
 median to write and read the file is 4.8 ms instead of 8.2 ms for PixArt's 9.8 MB, and 8.9 ms
 instead of 14.9 ms for Wan's 16.8 MB. `take` maps the file, so the tensors read the tmpfs
 pages directly; the file is unlinked at once and its pages go when the tensors do.
+
+The writer is the public model, which imports neither torch nor diffusers (docs/scheduler.md,
+"What an in-flight generation costs"): it writes the format itself from raw bytes
+(`HostTensor`), so BF16 embeddings need no numpy dtype. The reader is `dit`, which has torch.
 """
 from __future__ import annotations
 
+import json
+import math
+import struct
 import tempfile
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
-import torch
-from safetensors.torch import load_file, save_file
+import numpy as np
 
 from .scratch import GenerationFiles, pipeline_dir
+
+# numpy dtype name -> safetensors dtype (numpy has no bfloat16: BF16 arrives as raw bytes).
+_NUMPY_DTYPES = {"bool": "BOOL", "uint8": "U8", "int8": "I8", "int16": "I16", "int32": "I32", "int64": "I64",
+                 "float16": "F16", "float32": "F32", "float64": "F64"}
+_ITEM_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "U16": 2, "I16": 2, "F16": 2, "BF16": 2, "U32": 4, "I32": 4, "F32": 4,
+               "U64": 8, "I64": 8, "F64": 8}
+
+
+@dataclass(frozen=True)
+class HostTensor:
+    """A tensor as the bytes of its C-contiguous, little-endian data, a safetensors dtype and a shape."""
+    dtype: str
+    shape: tuple[int, ...]
+    data: bytes
+
+    def __post_init__(self):
+        if self.dtype not in _ITEM_BYTES:
+            raise ValueError(f"dtype {self.dtype!r}; allowed: {sorted(_ITEM_BYTES)}")
+        if len(self.data) != math.prod(self.shape) * _ITEM_BYTES[self.dtype]:
+            raise ValueError(f"{len(self.data)} bytes for a {self.dtype} tensor of shape {list(self.shape)}")
+
+    @classmethod
+    def from_numpy(cls, array: np.ndarray) -> "HostTensor":
+        array = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+        return cls(_NUMPY_DTYPES[array.dtype.name], tuple(array.shape), array.tobytes())
+
+    def without_batch(self) -> "HostTensor":
+        """The same bytes without a leading dimension of 1."""
+        if not self.shape or self.shape[0] != 1:
+            raise ValueError(f"expected a batch of one, got shape {list(self.shape)}")
+        return HostTensor(self.dtype, self.shape[1:], self.data)
+
+
+def serialize(tensors: Mapping[str, HostTensor]) -> list[bytes]:
+    """The safetensors file of `tensors` as chunks: 8-byte header size, JSON header, data."""
+    header, offset = {}, 0
+    for name, tensor in tensors.items():
+        header[name] = {"dtype": tensor.dtype, "shape": list(tensor.shape),
+                        "data_offsets": [offset, offset + len(tensor.data)]}
+        offset += len(tensor.data)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)   # the data starts 8-byte aligned
+    return [struct.pack("<Q", len(text)), text, *(t.data for t in tensors.values())]
 
 
 def default_root(server_pid: int | None = None, pipeline: str | None = None) -> Path:
@@ -40,16 +91,21 @@ class ConditioningStore(GenerationFiles):
     def __init__(self, root: Path | None = None, pipeline: str | None = None):
         super().__init__(root or default_root(pipeline=pipeline))
 
-    def put(self, key: str, tensors: dict[str, torch.Tensor]) -> None:
+    def put(self, key: str, tensors: Mapping[str, HostTensor]) -> None:
         """Write atomically (a reader never sees half a file)."""
         path = self._path(key)
         self.root.mkdir(parents=True, exist_ok=True)
         partial = self.root / f".{key}.{uuid.uuid4().hex}"
-        save_file({name: t.detach().cpu().contiguous() for name, t in tensors.items()}, partial)
+        with open(partial, "wb") as f:
+            f.writelines(serialize(tensors))
         partial.rename(path)
 
-    def take(self, key: str) -> dict[str, torch.Tensor]:
-        """Read and remove; a missing entry is a KeyError that says why it may be missing."""
+    def take(self, key: str) -> dict:
+        """Read (as torch tensors) and remove; a missing entry is a KeyError that says why it
+        may be missing. Only dit reads, and it has torch loaded: the import costs nothing there
+        and keeps it out of the public models."""
+        from safetensors.torch import load_file
+
         path = self._path(key)
         try:
             tensors = load_file(path)

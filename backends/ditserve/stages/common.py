@@ -1,4 +1,5 @@
-"""Helpers shared by the stage shims: tensor conversion, config, I/O declarations."""
+"""Helpers shared by the stage shims: config, I/O declarations, responses. Torch-free: the
+public models use them too (torch conversions are in torch_io.py)."""
 from __future__ import annotations
 
 import os
@@ -6,9 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 import triton_python_backend_utils as pb_utils
-from torch.utils.dlpack import from_dlpack, to_dlpack
 
 from ..deployment import DEFAULT_DEPLOYMENT, REPO_ROOT, Deployment, load_deployment
 from ..pipelines import PipelineNames
@@ -79,16 +78,6 @@ def _resolved(path: str) -> Path:
 def media_dims(deployment: Deployment) -> tuple[int, ...]:
     """Dims of one generation's media: [H, W, 3] for images, [F, H, W, 3] for video."""
     return (-1, -1, -1, 3) if deployment.is_video else (-1, -1, 3)
-
-
-def to_torch(tensor) -> torch.Tensor:
-    """Zero-copy view of a pb_utils.Tensor (CPU or GPU)."""
-    return from_dlpack(tensor.to_dlpack())
-
-
-def to_pb(name: str, tensor: torch.Tensor):
-    """Zero-copy pb_utils.Tensor from torch (numpy would risk the numpy-2 empty-tensor bug)."""
-    return pb_utils.Tensor.from_dlpack(name, to_dlpack(tensor.contiguous()))
 
 
 def utf8_text(tensor) -> str:

@@ -30,8 +30,9 @@ from ..schema import GenerationParams, check_params
 from ..scheduler import StepScheduler
 from ..state import TextConditioning
 from .common import (TensorSpec, declare, ended_if_cancelled, error_response, input_numpy, requested_outputs,
-                     stage_deployment, stage_names, to_pb, to_torch, warm_up)
+                     stage_deployment, stage_names, warm_up)
 from .metrics import DitMetrics
+from .torch_io import to_pb, to_torch
 
 # The public models hand `embeds` and `mask` (and a task's conditioning) over out of band
 # (handoff.py) so they do not travel again at every step; a direct client sends them here.

@@ -13,30 +13,41 @@ models on this one class: `model_transaction_policy { decoupled }` picks the var
 
 Every request gets exactly one terminal response: the media, or one error (invalid
 input, cancelled, or the failing stage named).
+
+Each in-flight generation holds one instance of this model, a stub process of its own, so
+it imports neither torch nor diffusers (numpy and pb_utils only; tensors are passed on
+through DLPack, stages/dlpack.py): tests/test_inflight_cost.py keeps it so, and
+docs/scheduler.md says what an in-flight generation costs. The one exception is an MP4 of
+media that vae_decode left on a GPU (`[engine] media_on_host = false`): its copy to the host
+imports torch in that stub, at that request.
 """
 from __future__ import annotations
 
+import glob
+import os
+import sys
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
-import torch
 import triton_python_backend_utils as pb_utils
 
 from ..cancellation import CancelRegistry
 from ..deployment import FAMILY_TEXT_CONDITIONING, TASK_CONDITIONING, Deployment
 from ..faults import Subject, injector
-from ..handoff import ConditioningStore
+from ..handoff import ConditioningStore, HostTensor
 from ..schema import IMAGE_INPUT, TASK_INPUTS, GenerationParams, InvalidRequest, decode_image, decode_request
 from .common import (TensorSpec, declare, ended_if_cancelled, error_response, input_numpy, media_dims,
-                     requested_outputs, stage_deployment, stage_names, to_pb, to_torch, utf8_text)
+                     requested_outputs, stage_deployment, stage_names, utf8_text)
+from .dlpack import host_tensor, without_batch
 from .liveness import StubDied, StubWatch
 from .metrics import GenerateMetrics
 
 _TYPES = {"BYTES": "TYPE_STRING", "INT32": "TYPE_INT32", "INT64": "TYPE_INT64", "FP32": "TYPE_FP32"}
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+HEAVY_MODULES = ("torch", "diffusers", "transformers")   # what an in-flight generation must not load
 
 
 def watch_stubs(deployment: Deployment) -> bool:
@@ -45,7 +56,17 @@ def watch_stubs(deployment: Deployment) -> bool:
     if setting != "auto":
         return setting == "on"
     device = deployment.model.device
-    return not (device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()))
+    return not (device.startswith("cuda") or (device == "auto" and cuda_host()))
+
+
+def cuda_host() -> bool:
+    """Whether this process would see a CUDA GPU (what device "auto" resolves to in the stages
+    that have torch), told without torch: an NVIDIA device node and CUDA_VISIBLE_DEVICES not
+    hiding every device."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and (not visible.strip() or visible.strip().startswith("-1")):
+        return False
+    return bool(glob.glob("/dev/nvidia[0-9]*"))
 
 
 def media_output(deployment: Deployment) -> str:
@@ -151,6 +172,9 @@ class GenerateStage:
         # BLS calls fail, not hang, when the called model's stub dies (where the watch is on).
         self.stubs = StubWatch(enabled=watch_stubs(self.deployment))
         self.last_dit_responses: list = []   # see _read_dit
+        heavy = [name for name in HEAVY_MODULES if name in sys.modules]
+        pb_utils.Logger.log_info(f"{self.model_name}: in-flight generation stub loaded; imported: "
+                                 f"{', '.join(heavy) if heavy else 'none of ' + ', '.join(HEAVY_MODULES)}")
 
     def execute(self, requests):
         # Generations run in the execute thread: BLS and response sending from worker threads
@@ -222,7 +246,7 @@ class GenerateStage:
         latents, hits = self._timed("denoise", self._denoise, request, deadline, request, params, conditioning,
                                     on_progress, arrival, deadline)
         media = self._timed("decode", self._decode, request, deadline, latents)
-        outputs = [to_pb(media_output(self.deployment), media), to_pb("cache_hits", to_torch(hits)[0].clone())]
+        outputs = [without_batch(media_output(self.deployment), media), without_batch("cache_hits", hits)]
         if params.output_format == "mp4":
             outputs.append(self._timed("mp4", self._mp4, request, deadline, media, params.fps))
         if request.is_cancelled():  # the client left during the last stage: counted as cancelled, not sent
@@ -250,7 +274,7 @@ class GenerateStage:
             raise deadline.error(f"{model}: after {time.monotonic() - start:.3f} s in the stage")
         return result
 
-    def _encode(self, params: GenerationParams) -> dict[str, torch.Tensor]:
+    def _encode(self, params: GenerationParams) -> dict[str, HostTensor]:
         """The generation's `embeds` [rows, L, D] and `mask` [rows, L] (rows: negative, prompt),
         and the family's other text conditioning (deployment.FAMILY_TEXT_CONDITIONING)."""
         texts = [params.negative_prompt, params.prompt] if params.do_cfg else [params.prompt]
@@ -258,14 +282,15 @@ class GenerateStage:
         extras = FAMILY_TEXT_CONDITIONING.get(self.deployment.model.family, ())
         names = ["embeds", "mask", *(name for name, _ in extras)]
         response = self._call("text_encoder", [text], names)
-        return {name: to_torch(pb_utils.get_output_tensor_by_name(response, name))[0] for name in names}
+        return {name: host_tensor(pb_utils.get_output_tensor_by_name(response, name)).without_batch()
+                for name in names}
 
-    def _condition(self, request, params: GenerationParams) -> dict[str, torch.Tensor]:
+    def _condition(self, request, params: GenerationParams) -> dict[str, HostTensor]:
         """img2vid: vae_encode turns the input image into dit's conditioning tensors."""
         names = [name for name, _ in TASK_CONDITIONING[self.deployment.task]]
         response = self._call("vae_encode", [pb_utils.get_input_tensor_by_name(request, "image"),
                                              self._params_tensor(params, batched=False)], names)
-        return {name: to_torch(pb_utils.get_output_tensor_by_name(response, name)) for name in names}
+        return {name: host_tensor(pb_utils.get_output_tensor_by_name(response, name)) for name in names}
 
     @staticmethod
     def _params_tensor(params: GenerationParams, batched: bool = True):
@@ -274,7 +299,7 @@ class GenerateStage:
         value = np.array([params.to_json().encode()], dtype=np.object_)
         return pb_utils.Tensor("params", value[None] if batched else value)
 
-    def _denoise(self, request, params: GenerationParams, conditioning: dict[str, torch.Tensor],
+    def _denoise(self, request, params: GenerationParams, conditioning: dict[str, HostTensor],
                  on_progress: Callable | None, arrival: float, deadline: Deadline):
         """dit's final latents and cache hits. Hands the conditioning to dit out of band (handoff.py: dit gets the same request
         back at every step, and with it any input it carries), then run the denoise loop."""
@@ -309,7 +334,7 @@ class GenerateStage:
         for response in self.stubs.call(self.dit, lambda: dit.exec(decoupled=True)):
             read.append(response)
             progress = pb_utils.get_output_tensor_by_name(response, "progress")
-            done = int(to_torch(progress).reshape(-1)[0]) if progress is not None else done
+            done = int(progress.as_numpy().reshape(-1)[0]) if progress is not None else done
             if stop is None:
                 if request.is_cancelled():
                     stop = Stop(Cancelled, "request cancelled")
@@ -329,7 +354,7 @@ class GenerateStage:
                 self.metrics.first_step.observe(first_step - arrival)
             if progress is not None and on_progress is not None and stop is None:
                 try:
-                    on_progress(to_pb("progress", to_torch(progress)[0]))
+                    on_progress(without_batch("progress", progress))
                 except Exception as exc:
                     stop = Stop(StageError, f"output: could not send a progress response: {type(exc).__name__}: {exc}")
                     self.cancels.cancel(dit_id)
@@ -352,9 +377,9 @@ class GenerateStage:
         return _checked(response, model)
 
     def _decode(self, latents):
-        """uint8 media of the one generation, where vae_decode handed it (the host by default)."""
+        """vae_decode's `media` [1, ...] of the one generation, where it was handed (the host by default)."""
         decoded = self._call("vae_decode", [latents], ["media"])
-        return to_torch(pb_utils.get_output_tensor_by_name(decoded, "media"))[0]
+        return pb_utils.get_output_tensor_by_name(decoded, "media")
 
     @staticmethod
     def _mp4(video, fps: int):
@@ -366,8 +391,17 @@ class GenerateStage:
         except ImportError as exc:
             raise StageError(f"mp4 encode: output_format=mp4 needs PyAV on the server ({exc}); install it with "
                              f"`pip install av` or request output_format=raw") from exc
-        data = encode_mp4(video.cpu().numpy(), fps)
+        data = encode_mp4(_host_numpy(video)[0], fps)
         return pb_utils.Tensor("video_mp4", np.array([data], dtype=np.object_))
 
     def finalize(self) -> None:
         pass
+
+
+def _host_numpy(tensor) -> np.ndarray:
+    """A pb_utils.Tensor as numpy. Media that vae_decode left on a GPU (media_on_host = false)
+    needs a device-to-host copy, which pb_utils cannot do: only that path imports torch."""
+    if tensor.is_cpu():
+        return tensor.as_numpy()
+    from torch.utils.dlpack import from_dlpack
+    return from_dlpack(tensor.to_dlpack()).cpu().numpy()

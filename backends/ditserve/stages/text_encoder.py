@@ -22,7 +22,8 @@ from ..adapters.base import instance_device
 from ..deployment import FAMILY_TEXT_CONDITIONING, Deployment
 from ..faults import Subject, injector
 from ..isolation import isolating_failures
-from .common import TensorSpec, declare, error_response, stage_deployment, to_pb, warm_up
+from .common import TensorSpec, declare, error_response, stage_deployment, warm_up
+from .torch_io import to_pb
 
 INPUTS = (TensorSpec("text", "TYPE_STRING", (-1,)),)
 EMBEDS_TYPES = {"float32": "TYPE_FP32", "float16": "TYPE_FP16", "bfloat16": "TYPE_BF16"}

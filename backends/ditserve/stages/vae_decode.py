@@ -16,7 +16,8 @@ from ..adapters import adapter_for
 from ..adapters.base import instance_device
 from ..faults import Subject, injector
 from ..isolation import isolating_failures
-from .common import TensorSpec, declare, error_response, media_dims, stage_deployment, to_pb, to_torch, warm_up
+from .common import TensorSpec, declare, error_response, media_dims, stage_deployment, warm_up
+from .torch_io import to_pb, to_torch
 
 
 

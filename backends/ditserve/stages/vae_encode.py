@@ -22,8 +22,9 @@ from ..adapters.base import instance_device
 from ..adapters.wan_i2v import CONDITION, IMAGE_EMBEDS
 from ..deployment import TASK_CONDITIONING
 from ..schema import GenerationParams, check_params, decode_image
-from .common import TensorSpec, declare, error_response, input_numpy, stage_deployment, to_pb, to_torch
+from .common import TensorSpec, declare, error_response, input_numpy, stage_deployment
 from .metrics import VaeEncodeMetrics
+from .torch_io import to_pb, to_torch
 
 INPUTS = (TensorSpec("image", "TYPE_UINT8", (-1, -1, 3)), TensorSpec("params", "TYPE_STRING", (1,)))
 
