@@ -105,7 +105,7 @@ def generate_through_every_instance(server: TritonServer, task: str, capacity: i
             job.result()
 
 
-def measure(deployment: Path, capacity: int, work: Path) -> dict:
+def measure(deployment: Path, capacity: int, work: Path, ready_timeout_s: float) -> dict:
     dep_file = deployment_with_capacity(deployment, capacity, work / f"capacity-{capacity}.toml")
     dep = load_deployment(dep_file)
     repo = work / f"repo-{capacity}"
@@ -118,7 +118,7 @@ def measure(deployment: Path, capacity: int, work: Path) -> dict:
     start = time.monotonic()
     server.start()
     try:
-        server.wait_ready(timeout_s=600, progress=True)
+        server.wait_ready(timeout_s=ready_timeout_s, progress=True)
         ready_s = time.monotonic() - start
         print(f"\ncapacity {capacity}: READY after {ready_s:.1f} s; one generation per instance", file=sys.stderr)
         at_ready = read_stubs(server.process.pid)
@@ -143,17 +143,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--deployment", type=Path, default=ROOT / "configs" / "tiny-pixart-sigma.toml")
     parser.add_argument("--capacities", default="1,8,32", help="comma-separated dit capacities to start")
-    parser.add_argument("--out", type=Path, help="write every reading here as JSON")
+    parser.add_argument("--ready-timeout", type=float, default=600, help="seconds to wait for READY per capacity")
+    parser.add_argument("--out", type=Path, help="write every reading here as JSON (after each capacity)")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    results = []
+    results, failed = [], False
     with tempfile.TemporaryDirectory(prefix="inflight-") as tmp:
         for capacity in (int(c) for c in args.capacities.split(",")):
-            results.append(measure(args.deployment.resolve(), capacity, Path(tmp)))
-            print_table(results[-1])
-    if args.out:
-        args.out.write_text(json.dumps({"deployment": str(args.deployment), "results": results}, indent=1) + "\n")
-    return 0
+            try:
+                results.append(measure(args.deployment.resolve(), capacity, Path(tmp), args.ready_timeout))
+                print_table(results[-1])
+            except (RuntimeError, TimeoutError) as exc:   # record it and go on with the next capacity
+                failed = True
+                results.append({"capacity": capacity, "error": str(exc)})
+                print(f"\ncapacity {capacity}: FAILED: {exc}", file=sys.stderr)
+            if args.out:
+                args.out.write_text(json.dumps({"deployment": str(args.deployment), "results": results},
+                                               indent=1) + "\n")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
