@@ -53,7 +53,7 @@ except ModuleNotFoundError:  # Python 3.10
 import plot  # noqa: E402
 from ditserve.deployment import Deployment, load_deployment  # noqa: E402
 from ditserve.launcher import ServerOptions, TritonServer, free_ports  # noqa: E402
-from ditserve.schema import TASK_INPUTS  # noqa: E402
+from ditserve.schema import request_inputs  # noqa: E402
 from machine import fence, machine_info, machine_label, server_version, sh  # noqa: E402
 from render_repository import public_models, render  # noqa: E402
 
@@ -180,7 +180,7 @@ def data_entries(sweep: Sweep, deployment: Deployment) -> list[dict]:
     """The input-data entries as {input: value}, checked: every entry names every input of the
     task (perf_analyzer's shared-memory mode rejects absent optional inputs, and a fixed
     request is what makes the served and raw numbers comparable)."""
-    names = {spec.name for spec in TASK_INPUTS[deployment.task]}
+    names = {spec.name for spec in request_inputs(deployment)}
     entries = []
     for i, raw in enumerate(json.loads((ROOT / sweep.data).read_text())["data"]):
         entry = {k: (v["content"] if isinstance(v, dict) else v)[0] for k, v in raw.items()}

@@ -41,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--width", type=int)
     p.add_argument("--steps", type=int, dest="num_inference_steps")
     p.add_argument("--guidance", type=float, dest="guidance_scale")
+    p.add_argument("--guidance-2", type=float, dest="guidance_scale_2",
+                   help="Wan2.2 A14B (family wan22-t2v): the low-noise expert's guidance scale (default: --guidance)")
     p.add_argument("--seed", type=int)
     p.add_argument("--quality", help="cache tier: lossless (default) or one the deployment's [cache] enables")
     p.add_argument("--output", help="PNG for images; .mp4 or .npy for videos "
@@ -64,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     url = args.url or ("127.0.0.1:8000" if args.protocol == "http" else "127.0.0.1:8001")
     request = GenerationRequest(args.prompt, args.negative_prompt, args.height, args.width,
                                 args.num_inference_steps, args.guidance_scale, args.seed, args.num_frames, args.fps,
-                                "mp4" if video and out.suffix == ".mp4" else None, image, args.quality)
+                                "mp4" if video and out.suffix == ".mp4" else None, image, args.quality,
+                                args.guidance_scale_2)
     bar = tqdm(desc="denoising", unit="step", disable=args.protocol != "grpc-stream")
 
     def on_progress(done: int, total: int) -> None:

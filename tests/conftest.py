@@ -128,13 +128,14 @@ def diffusers_wan():
 
 
 def diffusers_video(pipe, prompt: str, seed: int, steps: int, guidance: float, num_frames: int, height: int = 64,
-                    width: int = 64, negative_prompt: str = "") -> np.ndarray:
-    """uint8 [F, H, W, 3] from diffusers, rounded as for images."""
+                    width: int = 64, negative_prompt: str = "", **pipeline_kwargs) -> np.ndarray:
+    """uint8 [F, H, W, 3] from diffusers, rounded as for images; `pipeline_kwargs` go to the call
+    as they are (Wan2.2 A14B: guidance_scale_2)."""
     import torch
 
     frames = pipe(prompt, negative_prompt=negative_prompt, height=height, width=width, num_frames=num_frames,
                   num_inference_steps=steps, guidance_scale=guidance,
-                  generator=torch.Generator("cpu").manual_seed(seed), output_type="np").frames
+                  generator=torch.Generator("cpu").manual_seed(seed), output_type="np", **pipeline_kwargs).frames
     return (frames[0] * 255).round().astype(np.uint8)
 
 

@@ -95,6 +95,28 @@ def test_inputs_a_family_has_no_use_for_are_rejected_by_name(deployment, name, v
     assert decode_request(_inputs(negative_prompt=np.array([b""], dtype=np.object_)), deployment).negative_prompt == ""
 
 
+WAN22 = load_deployment("configs/tiny-wan22.toml")
+
+
+@pytest.mark.parametrize("deployment", [load_deployment("configs/tiny-wan-t2v.toml"), DEP, FLUX_DEV,
+                                        load_deployment("configs/tiny-wan22-ti2v.toml")])
+def test_guidance_scale_2_is_only_for_a_family_with_a_low_noise_expert(deployment):
+    """Served, Triton itself refuses it first (only wan22-t2v models declare it); dit, reachable
+    with params JSON, refuses it too."""
+    scale = np.array([2.0], dtype=np.float32)
+    words = ["'guidance_scale_2'", "low-noise expert", f"family {deployment.model.family}", "wan22-t2v"]
+    with pytest.raises(InvalidRequest) as err:
+        decode_request(_inputs(guidance_scale_2=scale), deployment)
+    assert all(word in str(err.value) for word in words), err.value
+    with pytest.raises(InvalidRequest) as err:
+        check_params(replace(decode_request(_inputs(), deployment), guidance_scale_2=2.0), deployment)
+    assert all(word in str(err.value) for word in words), err.value
+    params = decode_request(_inputs(guidance_scale_2=scale, guidance_scale=np.array([4.0], np.float32)), WAN22)
+    assert (params.guidance_scale, params.guidance_scale_2) == (4.0, 2.0)
+    assert GenerationParams.from_json(params.to_json()) == params
+    assert decode_request(_inputs(), WAN22).guidance_scale_2 is None
+
+
 def test_params_claiming_cfg_for_a_family_without_it_are_rejected():
     """dit is reachable directly with params JSON: it applies the same rule."""
     params = decode_request(_inputs(), FLUX_DEV)

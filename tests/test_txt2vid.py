@@ -143,6 +143,16 @@ def test_image_models_reject_video_inputs(server):
             client.infer("txt2img", grpc_inputs(GenerationRequest("x", num_inference_steps=1, num_frames=9)))
 
 
+def test_a_family_with_one_transformer_refuses_guidance_scale_2(wan_server):
+    """Only two-expert deployments (wan22-t2v) declare `guidance_scale_2`: Triton refuses it by name
+    here, before our model sees the request (tests/test_schema.py: dit's own check)."""
+    with grpcclient.InferenceServerClient(wan_server.grpc_url) as client:
+        with pytest.raises(InferenceServerException, match="guidance_scale_2"):
+            client.infer("txt2vid", grpc_inputs(video("a cat", guidance_scale_2=2.0)))
+        inputs = client.get_model_metadata("txt2vid", as_json=True)["inputs"]
+        assert "guidance_scale_2" not in {spec["name"] for spec in inputs}
+
+
 def test_fast_tier_reuses_steps_and_a_lossless_video_beside_it_stays_exact(wan_server):
     """Quality tiers on Wan (its block list cached per request, ditserve/cache.py): a `fast`
     request says how many steps it reused; a `lossless` request step-batched with `fast` ones

@@ -6,6 +6,7 @@ wrong expert would not match. Parity tolerance: 1 uint8 level (tests/test_wan_ad
 """
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from diffusers import WanPipeline
@@ -23,10 +24,10 @@ def wan22_pipe():
     return oracle(WanPipeline, load_deployment(WAN22_DEPLOYMENT))
 
 
-def expected(pipe, request: GenerationRequest):
+def expected(pipe, request: GenerationRequest, guidance_scale_2: float | None = None):
     return diffusers_video(pipe, request.prompt, request.seed, request.num_inference_steps, request.guidance_scale,
                            request.num_frames, request.height or 64, request.width or 64,
-                           request.negative_prompt or "")
+                           request.negative_prompt or "", guidance_scale_2=guidance_scale_2)
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc-stream"])
@@ -60,10 +61,28 @@ def test_staggered_videos_straddling_the_boundary_and_of_mixed_sizes_match_diffu
         assert_close(frames, expected(wan22_pipe, request))
 
 
+def test_a_separate_low_noise_guidance_scale_matches_diffusers(wan22_server, wan22_pipe):
+    """Input `guidance_scale_2` guides the low-noise expert's steps (diffusers' WanPipeline
+    `guidance_scale_2`). The first request (200 steps, low-noise scale 1.5) is still running
+    when the second (16 steps, no `guidance_scale_2`: its `guidance_scale` guides both experts)
+    joins, so they share low-noise forwards, each row guided with its own scale."""
+    requests = [GenerationRequest("a red kite", seed=5, num_inference_steps=200, guidance_scale=4.0,
+                                  guidance_scale_2=1.5, num_frames=9),
+                GenerationRequest("a grey owl", seed=6, num_inference_steps=16, guidance_scale=3.0, num_frames=9)]
+    results = run_staggered_batched(wan22_server, requests, task="txt2vid")
+    (_, low_scaled), (_, plain) = results
+    assert_close(low_scaled, expected(wan22_pipe, requests[0], guidance_scale_2=1.5))
+    assert_close(plain, expected(wan22_pipe, requests[1]))
+    single = np.abs(low_scaled.astype(int) - expected(wan22_pipe, requests[0]).astype(int))
+    assert single.max() > 1, "guidance_scale_2 changed nothing: the low-noise steps ignored it"
+
+
 @pytest.mark.parametrize("inputs, words", [
     (dict(num_frames=8), ["num_frames", "4 x k + 1"]),
     (dict(height=72), ["height", "multiple of 16"]),
     (dict(guidance_scale=31.0), ["guidance_scale", "[0.0, 30.0]"]),
+    (dict(guidance_scale_2=31.0), ["guidance_scale_2", "[0.0, 30.0]"]),
+    (dict(guidance_scale=1.0, guidance_scale_2=3.0), ["guidance_scale_2", "guidance_scale > 1"]),
 ])
 def test_bad_inputs_are_rejected_by_name(wan22_server, inputs, words):
     with grpcclient.InferenceServerClient(wan22_server.grpc_url) as client:

@@ -50,6 +50,7 @@ class GenerationRequest:
     output_format: str | None = None
     image: np.ndarray | None = None
     quality: str | None = None     # cache tier: "lossless" (the server's default) or a tier it enables
+    guidance_scale_2: float | None = None   # Wan2.2 A14B only: the low-noise expert's guidance scale
 
     def tensors(self) -> list[tuple[str, np.ndarray, str]]:
         """(name, value with shape [1], Triton dtype) for every input that is set."""
@@ -65,6 +66,7 @@ class GenerationRequest:
             ("fps", self.fps, np.int32, "INT32"),
             ("output_format", self.output_format, np.object_, "BYTES"),
             ("quality", self.quality, np.object_, "BYTES"),
+            ("guidance_scale_2", self.guidance_scale_2, np.float32, "FP32"),
         ]
         out = []
         for name, value, np_type, triton_type in fields:

@@ -1,8 +1,13 @@
 """Deployment config: which checkpoint, dtype, device, defaults, limits and engine mode.
 
-One TOML file per deployment under `configs/`. The model repository names none: every
-stage reads `DITSERVE_DEPLOYMENT` (set by `scripts/serve.py`) or falls back to the
-`deployment` parameter of its config.pbtxt, so switching checkpoints never edits code.
+One TOML file per deployment under `configs/`; switching checkpoints never edits code. Which
+one a model serves (stages/common.stage_deployment): a model of a named pipeline (a repository
+rendered for several deployments) always serves the deployment its config.pbtxt names, and
+ignores `DITSERVE_DEPLOYMENT`. In a single-deployment repository, the `deployment` parameter
+that scripts/render_repository.py writes into every config.pbtxt (for every deployment but the
+default) comes first, and `DITSERVE_DEPLOYMENT` (set by `scripts/serve.py`) must then name the
+same file or the model fails to load; a repository without the parameter (the committed one)
+serves `DITSERVE_DEPLOYMENT`, else the default deployment.
 """
 from __future__ import annotations
 

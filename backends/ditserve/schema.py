@@ -51,6 +51,12 @@ TXT2VID_INPUTS = TXT2IMG_INPUTS + (
 # img2vid / img2vid_stream: the video inputs plus the conditioning image, uint8 [H, W, 3].
 IMAGE_INPUT = InputSpec("image", "UINT8", False)
 TASK_INPUTS = {"txt2img": TXT2IMG_INPUTS, "txt2vid": TXT2VID_INPUTS, "img2vid": TXT2VID_INPUTS + (IMAGE_INPUT,)}
+# Inputs only some families take, after their task's. Wan2.2 A14B: the guidance scale of its
+# low-noise expert (diffusers' WanPipeline `guidance_scale_2`; unset, `guidance_scale` guides both).
+GUIDANCE_SCALE_2 = InputSpec("guidance_scale_2", "FP32", True)
+FAMILY_INPUTS = {"wan22-t2v": (GUIDANCE_SCALE_2,)}
+# What each family-only input is, for the error a family without it gives.
+FAMILY_INPUT_PURPOSE = {"guidance_scale_2": "the guidance scale of a second, low-noise expert"}
 # `raw`: uint8 frames only; `mp4`: also H.264 in MP4 (output `video_mp4`).
 OUTPUT_FORMATS = ("raw", "mp4")
 
@@ -73,6 +79,7 @@ class GenerationParams:
     fps: int = 16                 # video only
     output_format: str = "raw"    # video only: "raw" or "mp4"
     quality: str = LOSSLESS       # cache tier (deployment [cache]); never part of the compat key
+    guidance_scale_2: float | None = None   # two-expert families: the low-noise expert's scale (None: guidance_scale)
     # False for guidance-distilled families (deployment.FAMILIES_WITHOUT_CFG): guidance_scale
     # then goes to the model itself, never into negative rows.
     cfg: bool = True
@@ -89,6 +96,17 @@ class GenerationParams:
         """Classifier-free guidance runs only above 1.0, exactly as in diffusers, and only for
         families that have it."""
         return self.cfg and self.guidance_scale > 1.0
+
+
+def request_inputs(deployment: Deployment) -> tuple[InputSpec, ...]:
+    """The inputs of the deployment's public models: its task's, then its family's own."""
+    return TASK_INPUTS[deployment.task] + FAMILY_INPUTS.get(deployment.model.family, ())
+
+
+def _family_input_error(name: str, family: str) -> InvalidRequest:
+    takers = sorted(f for f, specs in FAMILY_INPUTS.items() if any(spec.name == name for spec in specs))
+    return InvalidRequest(f"input '{name}' ({FAMILY_INPUT_PURPOSE[name]}) is not supported by family {family}; "
+                          f"only {', '.join(takers)} take it: leave it out")
 
 
 def _scalar(name: str, value: np.ndarray, dtype: str):
@@ -123,9 +141,12 @@ def _in_range(name: str, value, low, high, multiple: int | None = None):
 def decode_request(inputs: Mapping[str, np.ndarray | None], deployment: Deployment) -> GenerationParams:
     """Validate raw inputs against the deployment's limits and fill defaults."""
     lim, dft = deployment.limits, deployment.defaults
-    specs = TASK_INPUTS[deployment.task]
+    specs = request_inputs(deployment)
     known = {spec.name for spec in specs}
     extra = sorted(set(k for k, v in inputs.items() if v is not None) - known)
+    for name in extra:
+        if any(spec.name == name for family_specs in FAMILY_INPUTS.values() for spec in family_specs):
+            raise _family_input_error(name, deployment.model.family)
     if extra:
         raise InvalidRequest(f"unknown input(s) {extra}; allowed: {sorted(known)}")
     values = {}
@@ -151,6 +172,7 @@ def decode_request(inputs: Mapping[str, np.ndarray | None], deployment: Deployme
         float(values.get("guidance_scale", dft.guidance_scale)),
         secrets.randbelow(MAX_SEED) if seed_was_drawn else int(values["seed"]), seed_was_drawn, quality=quality,
         cfg=deployment.uses_cfg,
+        guidance_scale_2=None if "guidance_scale_2" not in values else float(values["guidance_scale_2"]),
     )
     if deployment.is_video:
         fmt = values.get("output_format")
@@ -208,6 +230,8 @@ def check_params(params: GenerationParams, deployment: Deployment) -> Generation
         raise InvalidRequest(f"input 'guidance_scale'={params.guidance_scale} must be a finite number in "
                              f"[0, {lim.max_guidance_scale}]")
     _in_range("guidance_scale", params.guidance_scale, 0.0, lim.max_guidance_scale)
+    if params.guidance_scale_2 is not None:
+        _check_guidance_scale_2(params, deployment)
     _in_range("seed", params.seed, 0, MAX_SEED)
     allowed = deployment.cache.allowed
     if params.quality not in allowed:
@@ -229,3 +253,20 @@ def check_params(params: GenerationParams, deployment: Deployment) -> Generation
     if params.output_format not in OUTPUT_FORMATS:
         raise InvalidRequest(f"input 'output_format'={params.output_format!r}; allowed: {list(OUTPUT_FORMATS)}")
     return params
+
+
+def _check_guidance_scale_2(params: GenerationParams, deployment: Deployment) -> None:
+    """The low-noise expert's scale: only for families that have one, a finite number within the
+    guidance limit, and above 1 only where `guidance_scale` turns CFG on (diffusers' WanPipeline
+    runs CFG iff guidance_scale > 1, and would then ignore guidance_scale_2 without a word)."""
+    value, family = params.guidance_scale_2, deployment.model.family
+    if GUIDANCE_SCALE_2 not in FAMILY_INPUTS.get(family, ()):
+        raise _family_input_error("guidance_scale_2", family)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InvalidRequest(f"input 'guidance_scale_2'={value} must be a finite number in "
+                             f"[0, {deployment.limits.max_guidance_scale}]")
+    _in_range("guidance_scale_2", value, 0.0, deployment.limits.max_guidance_scale)
+    if value > 1.0 and not params.do_cfg:
+        raise InvalidRequest(f"input 'guidance_scale_2'={value} needs classifier-free guidance, which runs only when "
+                             f"guidance_scale > 1 (got guidance_scale={params.guidance_scale}); raise guidance_scale "
+                             f"or leave guidance_scale_2 out")

@@ -290,8 +290,12 @@ class FamilyAdapter(ABC):
         if not states[0].params.do_cfg:   # one compat key: all states guide alike
             return list(out.split(1))
         # CFG over the batch at once, rows [negative, prompt] per request, each with its own scale.
-        scales = torch.tensor([s.params.guidance_scale for s in states], dtype=torch.float32, device=out.device)
+        scales = torch.tensor([self.guidance_scale(s) for s in states], dtype=torch.float32, device=out.device)
         return list(self.guide(out[0::2], out[1::2], scales.view(-1, *[1] * (out.ndim - 1))).split(1))
+
+    def guidance_scale(self, state: RequestState) -> float:
+        """The CFG scale of the state's next step (Wan2.2 guides its low-noise expert's steps apart)."""
+        return state.params.guidance_scale
 
     def guide(self, uncond: torch.Tensor, text: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
         """Classifier-free guidance of a batch: diffusers' `uncond + scale * (text - uncond)` with

@@ -6,9 +6,11 @@ one the low-noise expert `transformer_2`. Each request's per-step plan is fixed 
 admitted (`step_modules`), and the engine groups requests by the expert of their next step
 (RequestState.compat_key), so a step batch straddling the boundary runs one forward per expert.
 
-`guidance_scale` guides both experts: it is diffusers' `guidance_scale_2` default (None ->
-`guidance_scale`); a separate low-noise scale is not exposed. Everything else (UMT5 text,
-float32 latents, flow UniPC, Wan VAE) is Wan2.1's.
+`guidance_scale` guides the high-noise expert's steps and, unless the request sets input
+`guidance_scale_2`, the low-noise expert's too (diffusers' `guidance_scale_2`, whose default is
+`guidance_scale`). As in diffusers, CFG rows run iff guidance_scale > 1, whatever the second
+scale (the schema refuses a guidance_scale_2 > 1 that would have no CFG to act on). Everything
+else (UMT5 text, float32 latents, flow UniPC, Wan VAE) is Wan2.1's.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from ..state import TextConditioning
+from ..state import RequestState, TextConditioning
 from .wan import WanT2VAdapter
 
 EXPERTS = ("transformer", "transformer_2")   # high-noise, low-noise
@@ -40,6 +42,10 @@ class Wan22T2VAdapter(WanT2VAdapter):
     def step_modules(self, timesteps: torch.Tensor) -> tuple[str, ...]:
         boundary = self.boundary_timestep
         return tuple(EXPERTS[0] if t >= boundary else EXPERTS[1] for t in timesteps.tolist())
+
+    def guidance_scale(self, state: RequestState) -> float:
+        second = state.params.guidance_scale_2
+        return second if state.module == EXPERTS[1] and second is not None else state.params.guidance_scale
 
     def forward_for(self, module: str) -> Callable[[torch.Tensor, torch.Tensor, TextConditioning], torch.Tensor]:
         return partial(self.run_transformer, getattr(self.pipe, module))

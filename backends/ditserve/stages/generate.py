@@ -38,7 +38,7 @@ from ..cancellation import CancelRegistry
 from ..deployment import FAMILY_TEXT_CONDITIONING, TASK_CONDITIONING, Deployment
 from ..faults import Subject, injector
 from ..handoff import ConditioningStore, HostTensor
-from ..schema import IMAGE_INPUT, TASK_INPUTS, GenerationParams, InvalidRequest, decode_image, decode_request
+from ..schema import IMAGE_INPUT, GenerationParams, InvalidRequest, decode_image, decode_request, request_inputs
 from .common import (TensorSpec, declare, ended_if_cancelled, error_response, input_numpy, media_dims,
                      requested_outputs, stage_deployment, stage_names, utf8_text)
 from .dlpack import host_tensor, without_batch
@@ -78,7 +78,7 @@ def io_specs(deployment: Deployment) -> tuple[tuple[TensorSpec, ...], tuple[Tens
     response parameters, so the seed actually used (drawn when the request gave none) is
     returned as the output `seed`."""
     inputs = tuple(TensorSpec(s.name, "TYPE_UINT8", (-1, -1, 3)) if s is IMAGE_INPUT
-                   else TensorSpec(s.name, _TYPES[s.dtype], (1,), s.optional) for s in TASK_INPUTS[deployment.task])
+                   else TensorSpec(s.name, _TYPES[s.dtype], (1,), s.optional) for s in request_inputs(deployment))
     outputs = [TensorSpec(media_output(deployment), "TYPE_UINT8", media_dims(deployment))]
     if deployment.is_video:
         outputs.append(TensorSpec("video_mp4", "TYPE_STRING", (1,)))
@@ -161,7 +161,7 @@ class GenerateStage:
                              f"task is {task}: render the repository for it (python scripts/render_repository.py "
                              f"--deployment {self.deployment.source} --out DIR) and serve that")
         self.dit = self.names.model("dit")
-        self.inputs = [spec.name for spec in TASK_INPUTS[task]]
+        self.inputs = [spec.name for spec in request_inputs(self.deployment)]
         self.output_names = [spec.name for spec in io_specs(self.deployment)[1]]
         self.streaming = pb_utils.using_decoupled_model_transaction_policy(model_config)
         self.cancels = CancelRegistry(pipeline=self.names.pipeline)
