@@ -14,7 +14,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from ditserve.client import DitClient, GenerationRequest
-from helpers import cancel_mid_denoise, grpc_inputs, run_staggered_batched, scrape
+from helpers import cancel_mid_denoise, grpc_inputs, run_staggered_batched, scrape, wait_for_metric
 from wan_helpers import assert_close, conditioning_image
 
 STREAM = "img2vid_stream"
@@ -73,6 +73,32 @@ def test_staggered_i2v_requests_batch_stepwise_and_each_matches_its_solo_run(i2v
     with DitClient(i2v_server.grpc_url, "grpc", task="img2vid") as client:
         for req, (_, frames) in zip(requests, results):
             assert_close(frames, client.generate(req).media)
+
+
+def test_fast_tier_reuses_steps_and_a_lossless_video_beside_it_stays_exact(i2v_server):
+    """Quality tiers on img2vid (issue 20): a `fast` request reports the steps it reused, over a
+    stream as over unary gRPC, and `ditserve_cache_hits_total` moves by exactly that; a
+    `lossless` request step-batched between two `fast` ones (their image conditioning in the same
+    forward) equals its solo result. The first `fast` request runs 300 steps, so the others always
+    join it."""
+    lossless = request("the cat turns its head", seed=5, image_seed=5, num_inference_steps=60)
+    fast = [request("the cat turns its head", seed=6 + i, image_seed=6 + i, num_inference_steps=steps, quality="fast")
+            for i, steps in enumerate((300, 60))]
+    with DitClient(i2v_server.grpc_url, "grpc", task="img2vid") as client:
+        solo = client.generate(lossless)
+    before = scrape(i2v_server.metrics_url).get(("ditserve_cache_hits_total", "dit"), 0.0)
+    with DitClient(i2v_server.grpc_url, "grpc-stream", task="img2vid") as client:
+        fast_solo = client.generate(fast[1])
+    assert solo.cache_hits == 0 and 0 < fast_solo.cache_hits < 60
+    counted = wait_for_metric(i2v_server.metrics_url, "ditserve_cache_hits_total", "dit", before + fast_solo.cache_hits)
+    assert counted - before == fast_solo.cache_hits
+    results = run_staggered_batched(i2v_server, [fast[0], lossless, fast[1]], task="img2vid")
+    assert [len(progress) for progress, _ in results] == [300, 60, 60]
+    assert scrape(i2v_server.metrics_url).get(("ditserve_cache_hits_total", "dit"), 0.0) > counted
+    assert_close(results[1][1], solo.media)
+    with DitClient(i2v_server.grpc_url, "grpc", task="img2vid") as client:
+        with pytest.raises(InferenceServerException, match=r"allowed: \['lossless', 'balanced', 'fast'\]"):
+            client.generate(request("x", quality="turbo"))
 
 
 def test_cancel_mid_i2v_frees_state_and_never_decodes(i2v_server):
