@@ -13,6 +13,11 @@ against each shape's solo latency, and an exactly-one-terminal check per request
     # write such a trace once, to replay it later
     python perf/loadgen.py --make-trace perf/traces/x.jsonl --rate 8 --num-requests 40 \\
         --sizes 64,96,128 --steps 10,20,30 --cancel-rate 0.05
+    # one pipeline of a repository serving several (docs/pipelines.md): flux_txt2img_stream
+    python perf/loadgen.py --url ... --pipeline flux --rate 2 --num-requests 50
+
+The server-side figures come from the series of the model sent to and of its pipeline's `dit`
+(`flux_dit` for `flux_txt2img_stream`: ditserve.pipelines decides the names).
 
 Every request is its own gRPC stream (tritonclient.grpc.aio `stream_infer`) on one shared
 channel, so cancelling one (the stream's `cancel()`) touches no other. Phases: warm-up
@@ -52,11 +57,13 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # perf/resources.py, also when loaded by file path
+ROOT = Path(__file__).resolve().parents[1]
+# perf/resources.py, also when loaded by file path; ditserve where it is not installed (the GPU host)
+sys.path[:0] = [str(ROOT / "perf"), str(ROOT / "backends")]
 import resources  # noqa: E402
+from ditserve.pipelines import PipelineNames, split_model_name  # noqa: E402
 
 MODEL = "txt2img_stream"
-PUBLIC_LABEL = MODEL          # model label of the ditserve_* series of the streaming entry point
 TRACE_FIELDS = ("t", "prompt", "height", "width", "num_inference_steps", "guidance_scale", "seed", "cancel_after_s",
                 "unary", "expect_error")
 DEFAULT_PROMPTS = (
@@ -446,7 +453,17 @@ OUTCOME_COUNTERS = {"completed": "ditserve_requests_completed_total", "cancelled
                     "failed": "ditserve_requests_failed_total"}
 
 
-def wait_server_settled(metrics_url: str, before: dict, expected_total: int, timeout_s: float = 20.0) -> dict:
+def stage_label(model: str, stage: str) -> str:
+    """The `model` label of `stage` (e.g. `dit`) of the pipeline that serves public model `model`:
+    `flux_dit` for `flux_txt2img_stream`, `dit` for the single-deployment `txt2img_stream`."""
+    pipeline, base = split_model_name(model)
+    if base is None:
+        raise ValueError(f"{model!r} is not one of our public models (<task>[_stream], or <pipeline>_<task>[_stream])")
+    return PipelineNames(pipeline).model(stage)
+
+
+def wait_server_settled(metrics_url: str, before: dict, expected_total: int, timeout_s: float = 20.0,
+                        model: str = MODEL) -> dict:
     """Scrape until the server counted a terminal outcome for every request, or its counts stop moving.
 
     A request the client cancelled while it waited in Triton's queue may be dropped by Triton
@@ -457,7 +474,7 @@ def wait_server_settled(metrics_url: str, before: dict, expected_total: int, tim
     last, still_since = None, time.monotonic()
     while True:
         after = scrape(metrics_url)
-        total = sum(metric_delta(before, after, n, PUBLIC_LABEL) for n in OUTCOME_COUNTERS.values())
+        total = sum(metric_delta(before, after, n, model) for n in OUTCOME_COUNTERS.values())
         if total >= expected_total or time.monotonic() > deadline:
             return after
         if total != last:
@@ -467,16 +484,18 @@ def wait_server_settled(metrics_url: str, before: dict, expected_total: int, tim
         time.sleep(0.2)
 
 
-def server_summary(before: dict, after: dict) -> dict:
+def server_summary(before: dict, after: dict, model: str = MODEL) -> dict:
+    """The server's view of the requests sent to public model `model` between two scrapes."""
     ms = lambda v: None if v is None else round(v * 1000.0, 3)  # noqa: E731
-    out = {f"server_{k}": int(metric_delta(before, after, n, PUBLIC_LABEL)) for k, n in OUTCOME_COUNTERS.items()}
-    out["server_mean_ttfs_ms"] = ms(histogram_mean(before, after, "ditserve_time_to_first_step_seconds", PUBLIC_LABEL))
-    out["stage_mean_ms"] = {stage: ms(histogram_mean(before, after, f"ditserve_{stage}_duration_seconds", PUBLIC_LABEL))
+    dit = stage_label(model, "dit")
+    out = {f"server_{k}": int(metric_delta(before, after, n, model)) for k, n in OUTCOME_COUNTERS.items()}
+    out["server_mean_ttfs_ms"] = ms(histogram_mean(before, after, "ditserve_time_to_first_step_seconds", model))
+    out["stage_mean_ms"] = {stage: ms(histogram_mean(before, after, f"ditserve_{stage}_duration_seconds", model))
                             for stage in ("encode", "denoise", "decode")}
-    batch = histogram_mean(before, after, "ditserve_step_batch_size", "dit")
+    batch = histogram_mean(before, after, "ditserve_step_batch_size", dit)
     out["mean_step_batch_size"] = None if batch is None else round(batch, 3)
-    out["step_batches"] = int(metric_delta(before, after, "ditserve_step_batch_size_count", "dit"))
-    out["mean_step_duration_ms"] = ms(histogram_mean(before, after, "ditserve_step_duration_seconds", "dit"))
+    out["step_batches"] = int(metric_delta(before, after, "ditserve_step_batch_size_count", dit))
+    out["mean_step_duration_ms"] = ms(histogram_mean(before, after, "ditserve_step_duration_seconds", dit))
     return out
 
 
@@ -716,7 +735,7 @@ async def run(cfg: LoadgenConfig) -> dict:
             records += recs
             duration += last_end - first_send
             if k + 1 < cfg.replays and cfg.metrics_url:
-                wait_server_settled(cfg.metrics_url, before, len(records))  # drain before replaying
+                wait_server_settled(cfg.metrics_url, before, len(records), model=cfg.model)  # drain before replaying
     # Pooled over replays: latency percentiles over all their requests, throughput = all
     # completions / the sum of the replays' durations (drain time between them excluded).
     report.update(summarize(entries, records, duration, solo, cfg.slo_scale, cfg.speedup))
@@ -724,8 +743,8 @@ async def run(cfg: LoadgenConfig) -> dict:
     if cfg.replays > 1:
         report["per_replay"] = replays
     if before is not None:
-        after = wait_server_settled(cfg.metrics_url, before, len(records))
-        server = server_summary(before, after)
+        after = wait_server_settled(cfg.metrics_url, before, len(records), model=cfg.model)
+        server = server_summary(before, after, cfg.model)
         report.update(server)
         # The server must have counted every completion the client saw, and never more
         # terminal outcomes than there were requests (a duplicate would show up here).
@@ -763,7 +782,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--url", default="127.0.0.1:8001", help="gRPC endpoint (default 127.0.0.1:8001)")
     p.add_argument("--metrics-url", default=None, help="Prometheus endpoint, e.g. http://127.0.0.1:8002/metrics "
                                                         "(server-side stage times and step batch size; skipped if unset)")
-    p.add_argument("--model", default=MODEL)
+    p.add_argument("--model", default=MODEL, help=f"public model to send to (default {MODEL})")
+    p.add_argument("--pipeline", help="a named pipeline of the repository (docs/pipelines.md): --model gets its "
+                                      "prefix, e.g. --pipeline flux sends to flux_txt2img_stream")
     src = p.add_argument_group("arrivals (one of --trace or --rate)")
     src.add_argument("--trace", help="JSONL trace to replay (perf/traces/<name>.jsonl)")
     src.add_argument("--rate", type=float, help="Poisson arrival rate, requests/s (a trace is drawn from the spec below)")
@@ -819,7 +840,13 @@ def entries_from_args(args) -> tuple[list[dict], str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        args.model = PipelineNames(args.pipeline).model(args.model)
+        stage_label(args.model, "dit")
+    except ValueError as exc:
+        parser.error(str(exc))
     entries, source = entries_from_args(args)
     if args.make_trace:
         if args.trace:

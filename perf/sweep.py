@@ -4,6 +4,7 @@
     bash perf/run_perf_analyzer.sh --sweep cpu-txt2img-stream     # = python perf/sweep.py --sweep ...
     python perf/sweep.py --list
     python perf/sweep.py --sweep cpu-txt2img-unary --concurrency 1:2 --interval-ms 1000 --out-dir /tmp/r
+    python perf/sweep.py --sweep cpu-txt2img-unary --pipeline pixart --url HOST:8001   # pixart_txt2img there
 
 Why one driver for every sweep: each public model (unary or streaming, image or video,
 closed or open loop, shared-memory output or not) is measured the same way, with the same
@@ -19,6 +20,10 @@ highest concurrency; one perf_analyzer call per level, so a level that does not 
 costs only that level; server statistics; the stop; the write-up
 `<out-dir>/<date>-<machine>-<sweep>.md` beside `.csv` (perf_analyzer's, all levels),
 `.json` (sweep, machine, baseline, levels) and `.png` (perf/plot.py).
+
+With `--pipeline NAME` the sweep measures that pipeline's model (`NAME_txt2img` for a sweep
+of `txt2img`: docs/pipelines.md): on the running server `--url` names (a repository of several
+pipelines), or on its own server, whose repository it then renders as that one named pipeline.
 
 Exit status: 0 every level measured; 3 some levels did not settle (the rest is written);
 75 perf_analyzer cannot be installed here (no network); 1 anything else.
@@ -53,6 +58,7 @@ except ModuleNotFoundError:  # Python 3.10
 import plot  # noqa: E402
 from ditserve.deployment import Deployment, load_deployment  # noqa: E402
 from ditserve.launcher import ServerOptions, TritonServer, free_ports  # noqa: E402
+from ditserve.pipelines import PipelineNames  # noqa: E402
 from ditserve.schema import request_inputs  # noqa: E402
 from machine import fence, machine_info, machine_label, server_version, sh  # noqa: E402
 from render_repository import public_models, render  # noqa: E402
@@ -244,13 +250,15 @@ def run_baseline(sweep: Sweep, request: dict, threads: str, work: Path) -> tuple
 
 
 @contextlib.contextmanager
-def serving(sweep: Sweep, deployment: Deployment, work: Path, url: str | None) -> Iterator[str]:
-    """The gRPC URL to measure: `url` as given, else a server of our own, stopped on exit."""
+def serving(sweep: Sweep, deployment: Deployment, work: Path, url: str | None,
+            pipeline: str | None = None) -> Iterator[str]:
+    """The gRPC URL to measure: `url` as given, else a server of our own (its repository rendered
+    as the named `pipeline`, if any), stopped on exit."""
     if url:
         yield url
         return
     repo = work / "repository"
-    render(ROOT / "model_repository", repo, deployment)
+    render(ROOT / "model_repository", repo, deployment, pipeline=pipeline)
     public = {p.name for p in public_models(repo)}
     if sweep.model not in public:
         raise ValueError(f"deployment {sweep.deployment} serves {sorted(public)}, not {sweep.model}")
@@ -326,7 +334,7 @@ def server_statistics(url: str) -> str:
         stats = grpcclient.InferenceServerClient(url).get_inference_statistics(as_json=True)
     except Exception as exc:  # noqa: BLE001 (a write-up without them beats none)
         return f"(unavailable: {exc})"
-    lines = [f"{'model':<16}{'inferences':>11}{'executions':>11}{'avg batch':>10}{'success':>9}{'fail':>6}"
+    lines = [f"{'model':<24}{'inferences':>11}{'executions':>11}{'avg batch':>10}{'success':>9}{'fail':>6}"
              f"{'queue ms':>10}{'infer ms':>10}"]
     for m in stats.get("model_stats", []):
         s = m.get("inference_stats", {})
@@ -336,7 +344,7 @@ def server_statistics(url: str) -> str:
             return int(s.get(key, {}).get("ns", 0)) / n / 1e6 if n else 0.0
 
         inf, ex = int(m.get("inference_count", 0)), int(m.get("execution_count", 0))
-        lines.append(f"{m['name']:<16}{inf:>11}{ex:>11}{(inf / ex if ex else 0):>10.2f}"
+        lines.append(f"{m['name']:<24}{inf:>11}{ex:>11}{(inf / ex if ex else 0):>10.2f}"
                      f"{int(s.get('success', {}).get('count', 0)):>9}{int(s.get('fail', {}).get('count', 0)):>6}"
                      f"{avg_ms('queue'):>10.2f}{avg_ms('compute_infer'):>10.2f}")
     return "\n".join(lines)
@@ -573,6 +581,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--sweep", default=DEFAULT_SWEEP, help=f"a name from perf/sweeps.toml (default {DEFAULT_SWEEP})")
     ap.add_argument("--list", action="store_true", help="list the sweeps and exit")
     ap.add_argument("--url", default=None, help="gRPC HOST:PORT of a running server to measure instead of starting one")
+    ap.add_argument("--pipeline", default=None, metavar="NAME",
+                    help="measure the named pipeline's model (NAME_<model>, docs/pipelines.md)")
     ap.add_argument("--out-dir", type=Path, default=ROOT / "perf" / "results")
     ap.add_argument("--threads", default=None,
                     help="OMP_NUM_THREADS of every server stub and of the raw baseline "
@@ -606,6 +616,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"unknown sweep {args.sweep!r}; known: {', '.join(sweeps)}", file=sys.stderr)
         return 2
     sweep = with_overrides(sweeps[args.sweep], args)
+    try:
+        sweep = replace(sweep, model=PipelineNames(args.pipeline).model(sweep.model))
+    except ValueError as exc:
+        print(f"--pipeline: {exc}", file=sys.stderr)
+        return 2
     deployment = load_deployment(sweep.deployment)
     entries = data_entries(sweep, deployment)
     # SIGTERM -> SystemExit, so the server is stopped on every exit path.
@@ -625,7 +640,7 @@ def main(argv: list[str] | None = None) -> int:
         threads = args.threads or os.environ.get("OMP_NUM_THREADS") or "1"
         base, base_cmd = run_baseline(sweep, entries[0], threads, work)
         os.environ["OMP_NUM_THREADS"] = threads
-        with serving(sweep, deployment, work, args.url) as url:
+        with serving(sweep, deployment, work, args.url, args.pipeline) as url:
             base_pa = [pa, "-m", sweep.model, "-i", "grpc", "-u", url, "--input-data", str(ROOT / sweep.data)]
             base_pa += ["--streaming"] if sweep.streaming else []
             if sweep.shared_memory != "none":

@@ -72,6 +72,18 @@ def rendered_server(tmp_path_factory, deployment: Path, model: Path, name: str):
 
 
 @pytest.fixture(scope="session")
+def perf_analyzer() -> str:
+    """perf_analyzer installed (cached after the first run); skip only when it cannot be fetched."""
+    unavailable = 75   # perf/install_perf_analyzer.sh: no network to fetch perf_analyzer
+    proc = subprocess.run(["bash", str(ROOT / "perf" / "install_perf_analyzer.sh")], capture_output=True, text=True)
+    if proc.returncode == unavailable:
+        pytest.skip("perf_analyzer cannot be installed here (no network to the package index or apt): "
+                    + proc.stderr.strip().splitlines()[-1])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="session")
 def wan_server(tmp_path_factory):
     """A second real server, for the tiny Wan2.1 T2V deployment (txt2vid / txt2vid_stream)."""
     srv = rendered_server(tmp_path_factory, WAN_DEPLOYMENT, TINY_WAN, "wan-server")

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-UNAVAILABLE = 75  # perf/install_perf_analyzer.sh: no network to fetch perf_analyzer
 
 
 sys.path.insert(0, str(ROOT / "perf"))
@@ -48,17 +47,6 @@ def test_range_syntax_and_bad_rows():
                     concurrency=(1,))
     with pytest.raises(ValueError, match="exactly one"):
         sweep.Sweep("x", "", "configs/tiny-pixart-sigma.toml", "txt2img", "perf/data/txt2img_prompts.json")
-
-
-@pytest.fixture(scope="module")
-def perf_analyzer() -> str:
-    """perf_analyzer installed (cached after the first run); skip only when it cannot be fetched."""
-    proc = subprocess.run(["bash", str(ROOT / "perf" / "install_perf_analyzer.sh")], capture_output=True, text=True)
-    if proc.returncode == UNAVAILABLE:
-        pytest.skip("perf_analyzer cannot be installed here (no network to the package index or apt): "
-                    + proc.stderr.strip().splitlines()[-1])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout.strip().splitlines()[-1]
 
 
 def test_smallest_cpu_sweep_writes_markdown_csv_and_plot(perf_analyzer, tmp_path):

@@ -1,5 +1,6 @@
-"""One repository, two pipelines: tiny PixArt-Sigma (`pixart_*`) and tiny FLUX.1 (`flux_*`)
-rendered side by side and served by one real tritonserver with explicit model control.
+"""One repository, three pipelines: tiny PixArt-Sigma (`pixart_*`), tiny FLUX.1 (`flux_*`) and the
+tiny Wan2.2 TI2V-5B text-to-video (`ti2v_*`) rendered side by side and served by one real
+tritonserver with explicit model control.
 
 The server test unloads and reloads the whole `pixart` pipeline through Triton's repository API
 (ditserve.pipelines.RepositoryControl, i.e. tritonclient's unload_model / load_model) while two
@@ -9,6 +10,8 @@ forward with another may move a last float bit: 1 uint8 level (tests/test_flux.p
 """
 from __future__ import annotations
 
+import csv
+import json
 import subprocess
 import sys
 import threading
@@ -18,22 +21,28 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from diffusers import FluxPipeline
+from diffusers import FluxPipeline, WanPipeline
 from tritonclient.utils import InferenceServerException
 
-from conftest import ROOT, TINY_FLUX, TINY_PIXART, diffusers_image, start_server
+from conftest import ROOT, TINY_FLUX, TINY_PIXART, diffusers_image, diffusers_video, start_server
 from ditserve.client import DitClient, GenerationRequest
-from ditserve.deployment import write_variant
+from ditserve.deployment import load_deployment, write_variant
 from ditserve.handoff import ConditioningStore, HostTensor
 from ditserve.pipelines import PipelineNames, RepositoryControl, split_model_name
 from ditserve.scratch import pipeline_dir
 from mmdit_helpers import FLUX_DEPLOYMENT, diffusers_flux_image
+from helpers import histogram_above
+from test_loadgen import loadgen
 from test_txt2img import assert_matches
 from wan_helpers import assert_close, oracle
 
 RENDER = [sys.executable, str(ROOT / "scripts" / "render_repository.py")]
 STAGES = ("text_encoder", "dit", "vae_decode")
 PUBLIC = ("txt2img", "txt2img_stream")
+VIDEO = ("txt2vid", "txt2vid_stream")
+TI2V = ROOT / "configs" / "tiny-wan22-ti2v.toml"
+# Every model of the served repository, by pipeline.
+SERVED = {"pixart": STAGES + PUBLIC, "flux": STAGES + PUBLIC, "ti2v": STAGES + VIDEO}
 
 
 def render(out, *deployments: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -112,16 +121,17 @@ def test_unloading_one_pipeline_keeps_the_scratch_files_of_another(tmp_path):
 
 @pytest.fixture(scope="module")
 def pipelines_server(tmp_path_factory):
-    """Capacities 1 (pixart: 5 stubs) and 2 (flux: 7 stubs, two streams batch step-wise) instead
-    of 4 keep the start and the reload short on CI."""
-    for model in (TINY_PIXART, TINY_FLUX):
+    """Capacities 1 (pixart: 5 stubs) and 2 (flux and ti2v: 7 stubs each, two streams batch
+    step-wise) instead of 4 keep the start and the reload short on CI."""
+    for model in (TINY_PIXART, TINY_FLUX, ROOT / load_deployment(TI2V).model.path):
         if not model.exists():
             pytest.fail(f"{model} is missing: run `bash scripts/setup.sh` (it builds the tiny pipelines)")
     tmp = tmp_path_factory.mktemp("pipelines")
-    for name, base, capacity in (("pixart", "tiny-pixart-sigma", 1), ("flux", "tiny-flux", 2)):
+    for name, base, capacity in (("pixart", "tiny-pixart-sigma", 1), ("flux", "tiny-flux", 2),
+                                 ("ti2v", "tiny-wan22-ti2v", 2)):
         write_variant(ROOT / "configs" / f"{base}.toml", tmp / f"{name}.toml", {"capacity": capacity},
                       "tests/test_pipelines.py")
-    render(tmp / "repo", f"pixart={tmp / 'pixart.toml'}", f"flux={tmp / 'flux.toml'}")
+    render(tmp / "repo", *(f"{name}={tmp / name}.toml" for name in SERVED))
     srv = start_server(tmp, "pipelines", model_repository=tmp / "repo",
                        extra_args=["--model-control-mode=explicit", "--load-model=*"])
     yield srv
@@ -137,7 +147,7 @@ def test_both_pipelines_serve_their_own_deployment(pipelines_server, diffusers_p
     url = pipelines_server.grpc_url
     with grpcclient.InferenceServerClient(url) as client:
         index = {m["name"]: m["state"] for m in client.get_model_repository_index(as_json=True)["models"]}
-        assert index == {f"{p}_{m}": "READY" for p in ("pixart", "flux") for m in STAGES + PUBLIC}
+        assert index == {f"{p}_{m}": "READY" for p, models in SERVED.items() for m in models}
         with pytest.raises(InferenceServerException, match="txt2img"):   # no unprefixed model here
             client.infer("txt2img", GenerationRequest("a cat").infer_inputs(grpcclient))
     cat = GenerationRequest("a photo of a red cat", seed=42, num_inference_steps=6, guidance_scale=4.5)
@@ -164,7 +174,7 @@ def test_the_openai_front_end_lists_and_serves_each_pipeline(pipelines_server, t
     frontend = FrontendProcess(pipelines_server.grpc_url, free_ports(1)[0], [], log_path=log).start()
     try:
         client = openai.OpenAI(base_url=frontend.url + "/v1", api_key="unused", max_retries=0, timeout=120)
-        assert sorted(m.id for m in client.models.list().data) == ["flux_txt2img", "pixart_txt2img"]
+        assert sorted(m.id for m in client.models.list().data) == ["flux_txt2img", "pixart_txt2img", "ti2v_txt2vid"]
         cat = GenerationRequest("a photo of a red cat", seed=42, num_inference_steps=6, guidance_scale=4.5)
         [data] = client.images.generate(model="flux_txt2img", prompt=cat.prompt, size="64x64",
                                         extra_body={"seed": 42, "num_inference_steps": 6, "guidance_scale": 4.5}).data
@@ -174,6 +184,31 @@ def test_the_openai_front_end_lists_and_serves_each_pipeline(pipelines_server, t
             client.images.generate(prompt=cat.prompt, size="64x64")
     finally:
         frontend.stop()
+
+
+def test_perf_tools_target_one_pipeline(pipelines_server, perf_analyzer, tmp_path):
+    """perf/loadgen.py --pipeline flux sends to `flux_txt2img_stream` and reads the server's side
+    from flux's series (its dit's step batches too); perf/sweep.py --pipeline pixart drives
+    perf_analyzer `-m pixart_txt2img` against the running server (`--url`)."""
+    report_path = tmp_path / "loadgen.json"
+    rc = loadgen.main(["--url", pipelines_server.grpc_url, "--metrics-url", pipelines_server.metrics_url,
+                       "--pipeline", "flux", "--rate", "20", "--num-requests", "3", "--sizes", "64", "--steps", "4",
+                       "--warmup", "0", "--slo-scale", "0", "--quiet", "--out", str(report_path)])
+    report = json.loads(report_path.read_text())
+    assert rc == 0 and report["model"] == "flux_txt2img_stream" and report["completed_requests"] == 3, report
+    assert report["server_completed"] == 3 and report["server_counts_consistent"], report
+    assert report["step_batches"] > 0 and report["mean_step_batch_size"] >= 1 and report["stage_mean_ms"]["denoise"]
+
+    sweep = subprocess.run(
+        [sys.executable, str(ROOT / "perf" / "sweep.py"), "--sweep", "cpu-txt2img-unary", "--pipeline", "pixart",
+         "--url", pipelines_server.grpc_url, "--concurrency", "1", "--requests-per-level", "3",
+         "--warmup-requests", "1", "--baseline-runs", "0", "--out-dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert sweep.returncode == 0, sweep.stderr[-3000:]
+    (md,) = tmp_path.glob("*-cpu-txt2img-unary.md")
+    assert "`pixart_txt2img`" in md.read_text() and " -m pixart_txt2img " in md.read_text()
+    [row] = list(csv.DictReader(md.with_suffix(".csv").open()))
+    assert float(row["Inferences/Second"]) > 0
 
 
 @dataclass
@@ -271,11 +306,47 @@ def test_unloading_and_reloading_one_pipeline_leaves_the_other_streaming(pipelin
     assert_matches(own.media, diffusers_image(diffusers_pixart, long_cat.prompt, 8, 60, 4.5))
     listed = subprocess.run([sys.executable, str(ROOT / "scripts" / "pipeline.py"), "list", "--url", url],
                             check=True, capture_output=True, text=True).stdout.splitlines()
-    assert listed == [f"{p}: " + ", ".join(f"{p}_{m} READY" for m in sorted(STAGES + PUBLIC))
-                      for p in ("flux", "pixart")]
+    assert listed == [f"{p}: " + ", ".join(f"{p}_{m} READY" for m in sorted(SERVED[p])) for p in sorted(SERVED)]
     assert [item.error for item in streamed if item.error] == []
     assert any(item.overlaps(unload) for item in streamed), "no flux generation was in flight during the unload"
     assert any(item.overlaps(load) for item in streamed), "no flux generation was in flight during the reload"
     for item in streamed:
         assert item.progress == list(range(1, 13))
         assert_close(item.media, solo[item.variant])
+
+
+def test_a_video_pipeline_beside_them_serves_wan22_ti2v_as_diffusers(pipelines_server):
+    """Wan2.2 TI2V-5B text-to-video (a timestep per latent token, the 48-channel 16x Wan2.2 VAE)
+    served as pipeline `ti2v` beside the two image pipelines: a solo request equals diffusers'
+    WanPipeline; then a second request joins a 300-step one mid-denoise (their rows at different
+    timesteps in `ti2v_dit`'s forwards) and each still equals diffusers (1 level, as Wan2.1)."""
+    url = pipelines_server.grpc_url
+    pipe = oracle(WanPipeline, load_deployment(TI2V))
+
+    def expected(request: GenerationRequest) -> np.ndarray:
+        return diffusers_video(pipe, request.prompt, request.seed, request.num_inference_steps,
+                               request.guidance_scale, request.num_frames, negative_prompt=request.negative_prompt)
+
+    solo = GenerationRequest("waves rolling onto a beach", negative_prompt="blurry", seed=7, num_inference_steps=10,
+                             guidance_scale=5.0, num_frames=9, height=64, width=64)
+    with DitClient(url, "grpc-stream", task="txt2vid", pipeline="ti2v") as client:
+        result = client.generate(solo, timeout_s=120)
+    assert result.media.shape == (9, 64, 64, 3) and result.steps_reported == 10
+    assert_close(result.media, expected(solo))
+
+    long, late = (GenerationRequest(prompt, negative_prompt="", seed=seed, num_inference_steps=steps,
+                                    guidance_scale=guidance, num_frames=9, height=64, width=64)
+                  for prompt, seed, steps, guidance in (("a red car", 11, 300, 4.0), ("a blue sea", 22, 12, 3.0)))
+    shared_before = histogram_above(pipelines_server.metrics_url, "ditserve_step_batch_size", "ti2v_dit", "1")
+    with DitClient(url, "grpc-stream", task="txt2vid", pipeline="ti2v") as first, \
+            DitClient(url, "grpc-stream", task="txt2vid", pipeline="ti2v") as second:
+        running = Streamed()
+        worker = threading.Thread(target=stream_one, args=(first, long, running))
+        worker.start()
+        wait_for(lambda: running.progress or running.error, "the 300-step ti2v generation is under way")
+        joined = stream_one(second, late, Streamed())
+        worker.join(timeout=300)
+    assert histogram_above(pipelines_server.metrics_url, "ditserve_step_batch_size", "ti2v_dit", "1") > shared_before
+    for request, item in ((long, running), (late, joined)):
+        assert item.error is None and item.progress == list(range(1, request.num_inference_steps + 1)), item.error
+        assert_close(item.media, expected(request))
