@@ -1,6 +1,8 @@
 """One repository, three pipelines: tiny PixArt-Sigma (`pixart_*`), tiny FLUX.1 (`flux_*`) and the
 tiny Wan2.2 TI2V-5B text-to-video (`ti2v_*`) rendered side by side and served by one real
-tritonserver with explicit model control.
+tritonserver with explicit model control. The image pipelines load at start; `ti2v` is loaded
+by its own test, through the repository API, and unloaded after it (its stubs cost the other
+tests' start nothing).
 
 The server test unloads and reloads the whole `pixart` pipeline through Triton's repository API
 (ditserve.pipelines.RepositoryControl, i.e. tritonclient's unload_model / load_model) while two
@@ -41,8 +43,9 @@ STAGES = ("text_encoder", "dit", "vae_decode")
 PUBLIC = ("txt2img", "txt2img_stream")
 VIDEO = ("txt2vid", "txt2vid_stream")
 TI2V = ROOT / "configs" / "tiny-wan22-ti2v.toml"
-# Every model of the served repository, by pipeline.
+# Every model of the rendered repository, by pipeline; the image pipelines load at start.
 SERVED = {"pixart": STAGES + PUBLIC, "flux": STAGES + PUBLIC, "ti2v": STAGES + VIDEO}
+AT_START = ("pixart", "flux")
 
 
 def render(out, *deployments: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -132,8 +135,9 @@ def pipelines_server(tmp_path_factory):
         write_variant(ROOT / "configs" / f"{base}.toml", tmp / f"{name}.toml", {"capacity": capacity},
                       "tests/test_pipelines.py")
     render(tmp / "repo", *(f"{name}={tmp / name}.toml" for name in SERVED))
+    at_start = [f"--load-model={p}_{m}" for p in AT_START for m in SERVED[p]]
     srv = start_server(tmp, "pipelines", model_repository=tmp / "repo",
-                       extra_args=["--model-control-mode=explicit", "--load-model=*"])
+                       extra_args=["--model-control-mode=explicit", *at_start])
     yield srv
     srv.stop()
 
@@ -146,8 +150,10 @@ def generate(url: str, pipeline: str, request: GenerationRequest, protocol: str 
 def test_both_pipelines_serve_their_own_deployment(pipelines_server, diffusers_pixart):
     url = pipelines_server.grpc_url
     with grpcclient.InferenceServerClient(url) as client:
-        index = {m["name"]: m["state"] for m in client.get_model_repository_index(as_json=True)["models"]}
-        assert index == {f"{p}_{m}": "READY" for p, models in SERVED.items() for m in models}
+        index = {m["name"]: m.get("state", "") for m in client.get_model_repository_index(as_json=True)["models"]}
+        assert sorted(index) == sorted(f"{p}_{m}" for p, models in SERVED.items() for m in models)
+        assert {name for name, state in index.items() if state == "READY"} == {f"{p}_{m}" for p in AT_START
+                                                                               for m in SERVED[p]}
         with pytest.raises(InferenceServerException, match="txt2img"):   # no unprefixed model here
             client.infer("txt2img", GenerationRequest("a cat").infer_inputs(grpcclient))
     cat = GenerationRequest("a photo of a red cat", seed=42, num_inference_steps=6, guidance_scale=4.5)
@@ -174,7 +180,7 @@ def test_the_openai_front_end_lists_and_serves_each_pipeline(pipelines_server, t
     frontend = FrontendProcess(pipelines_server.grpc_url, free_ports(1)[0], [], log_path=log).start()
     try:
         client = openai.OpenAI(base_url=frontend.url + "/v1", api_key="unused", max_retries=0, timeout=120)
-        assert sorted(m.id for m in client.models.list().data) == ["flux_txt2img", "pixart_txt2img", "ti2v_txt2vid"]
+        assert sorted(m.id for m in client.models.list().data) == ["flux_txt2img", "pixart_txt2img"]
         cat = GenerationRequest("a photo of a red cat", seed=42, num_inference_steps=6, guidance_scale=4.5)
         [data] = client.images.generate(model="flux_txt2img", prompt=cat.prompt, size="64x64",
                                         extra_body={"seed": 42, "num_inference_steps": 6, "guidance_scale": 4.5}).data
@@ -306,7 +312,9 @@ def test_unloading_and_reloading_one_pipeline_leaves_the_other_streaming(pipelin
     assert_matches(own.media, diffusers_image(diffusers_pixart, long_cat.prompt, 8, 60, 4.5))
     listed = subprocess.run([sys.executable, str(ROOT / "scripts" / "pipeline.py"), "list", "--url", url],
                             check=True, capture_output=True, text=True).stdout.splitlines()
-    assert listed == [f"{p}: " + ", ".join(f"{p}_{m} READY" for m in sorted(SERVED[p])) for p in sorted(SERVED)]
+    lines = dict(line.split(": ", 1) for line in listed)
+    assert sorted(lines) == sorted(SERVED) and "READY" not in lines["ti2v"]   # ti2v: its own test loads it
+    assert all(lines[p] == ", ".join(f"{p}_{m} READY" for m in sorted(SERVED[p])) for p in AT_START)
     assert [item.error for item in streamed if item.error] == []
     assert any(item.overlaps(unload) for item in streamed), "no flux generation was in flight during the unload"
     assert any(item.overlaps(load) for item in streamed), "no flux generation was in flight during the reload"
@@ -317,11 +325,24 @@ def test_unloading_and_reloading_one_pipeline_leaves_the_other_streaming(pipelin
 
 def test_a_video_pipeline_beside_them_serves_wan22_ti2v_as_diffusers(pipelines_server):
     """Wan2.2 TI2V-5B text-to-video (a timestep per latent token, the 48-channel 16x Wan2.2 VAE)
-    served as pipeline `ti2v` beside the two image pipelines: a solo request equals diffusers'
-    WanPipeline; then a second request joins a 300-step one mid-denoise (their rows at different
-    timesteps in `ti2v_dit`'s forwards) and each still equals diffusers (1 level, as Wan2.1)."""
+    loaded as pipeline `ti2v` into the running server beside the two image pipelines: a solo
+    request equals diffusers' WanPipeline; then a second request joins a 300-step one mid-denoise
+    (their rows at different timesteps in `ti2v_dit`'s forwards) and each still equals diffusers
+    (1 level, as Wan2.1). Unloaded at the end: the image pipelines never stopped serving."""
     url = pipelines_server.grpc_url
     pipe = oracle(WanPipeline, load_deployment(TI2V))
+    with RepositoryControl(url) as control:
+        control.load("ti2v")
+        try:
+            assert set(control.models("ti2v").values()) == {"READY"}
+            run_ti2v(pipelines_server, pipe)
+        finally:
+            control.unload("ti2v")
+        assert all(set(control.models(p).values()) == {"READY"} for p in AT_START)
+
+
+def run_ti2v(pipelines_server, pipe) -> None:
+    url = pipelines_server.grpc_url
 
     def expected(request: GenerationRequest) -> np.ndarray:
         return diffusers_video(pipe, request.prompt, request.seed, request.num_inference_steps,
