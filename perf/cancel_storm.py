@@ -6,7 +6,7 @@ it (`stop_stream(cancel_requests=True)`) after `cancel_at` progress responses pl
 
 - `--cancel-at early` (default): after 0 to steps/2 progress responses. The cancels land while
   the request is queued, being encoded or mid-denoise, never near the end: what our models
-  must clean up. tests/test_unload_after_cancels.py runs this and bounds the unload.
+  must clean up. tests/test_clean_shutdown.py runs this and bounds the unload.
 - `--cancel-at final`: after steps-1 responses, so many cancels reach Triton while the final
   response (the image) is being sent. With Triton 2.51 this leaves `txt2img_stream` in
   UNLOADING for good (docs/reliability.md, "Unload after cancel storms").

@@ -1,4 +1,5 @@
-"""Fixtures: one real tritonserver per test session, on free ports, default deployment."""
+"""Fixtures: real tritonservers on free ports, one per deployment the session needs, shared by
+every module that serves it (`shared_server`); the diffusers oracles."""
 from __future__ import annotations
 
 import os
@@ -33,7 +34,6 @@ TINY_QWEN = ROOT / "models" / "tiny-qwen-image"
 QWEN_DEPLOYMENT = ROOT / "configs" / "tiny-qwen-image.toml"
 
 
-
 def start_server(tmp_dir: Path, name: str, **options) -> TritonServer:
     http, grpc, metrics = free_ports(3)
     server = TritonServer(ServerOptions(http_port=http, grpc_port=grpc, metrics_port=metrics, **options),
@@ -47,28 +47,90 @@ def start_server(tmp_dir: Path, name: str, **options) -> TritonServer:
     return server
 
 
-@pytest.fixture(scope="session")
-def server(tmp_path_factory):
-    if not TINY_PIXART.exists():
-        pytest.fail(f"{TINY_PIXART} is missing: run `bash scripts/setup.sh` (it builds the tiny pipelines)")
-    srv = start_server(tmp_path_factory.mktemp("triton"), "server")
-    yield srv
-    srv.stop()
-
-
 def render_repository(deployment: Path, out: Path) -> Path:
     subprocess.run([sys.executable, str(ROOT / "scripts" / "render_repository.py"), "--deployment", str(deployment),
                     "--out", str(out)], check=True, capture_output=True)
     return out
 
 
-def rendered_server(tmp_path_factory, deployment: Path, model: Path, name: str):
-    """A real server on the repository rendered for `deployment` (a tiny pipeline at `model`)."""
+def rendered_server(tmp_path_factory, deployment: Path | None, model: Path, name: str, **options) -> TritonServer:
+    """A real server on the repository rendered for `deployment` (a tiny pipeline at `model`);
+    `deployment=None` serves the committed model_repository/ (the default deployment)."""
     if not model.exists():
         pytest.fail(f"{model} is missing: run `bash scripts/setup.sh` (it builds the tiny pipelines)")
     tmp = tmp_path_factory.mktemp(name)
+    if deployment is None:
+        return start_server(tmp, name, **options)
     repo = render_repository(deployment, tmp / "repo")
-    return start_server(tmp, name, model_repository=repo, deployment=str(deployment))
+    return start_server(tmp, name, model_repository=repo, deployment=str(deployment), **options)
+
+
+# Stopping a tiny server takes ~10 s of mostly waiting (Triton polls its models once a second
+# and takes the stubs down one by one), so fixtures stop theirs in the background: SIGINT when
+# the last test is done with it, reaped when the session ends (pytest_sessionfinish).
+_STOPPING: list[TritonServer] = []
+
+
+def stop_later(srv: TritonServer) -> None:
+    if srv not in _STOPPING:
+        srv.request_stop()
+        _STOPPING.append(srv)
+
+
+def serve(srv: TritonServer):
+    """A fixture's body: yield `srv` to its tests, then stop it in the background."""
+    try:
+        yield srv
+    finally:
+        stop_later(srv)
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    for srv in _STOPPING:
+        srv.stop()
+
+
+# Session servers, each stopped right after the last test that uses it (pytest_runtest_teardown):
+# modules that serve the same deployment share one start-up, and a server no later test needs
+# does not keep its stub processes (~2 GB for 11 stubs) for the rest of the session.
+_SHARED: dict[str, TritonServer] = {}   # fixture name -> its running server
+_LAST_USER: dict[str, str] = {}         # fixture name -> node id of the last test that uses it
+
+
+def shared_server(deployment: Path | None, model: Path, doc: str):
+    """A session fixture serving `deployment` (see rendered_server); its name is the attribute's."""
+    def fixture(request, tmp_path_factory):
+        srv = rendered_server(tmp_path_factory, deployment, model, request.fixturename)
+        _SHARED[request.fixturename] = srv
+        yield from serve(srv)
+
+    fixture.__doc__ = doc
+    return pytest.fixture(scope="session")(fixture)
+
+
+def pytest_collection_finish(session) -> None:
+    for item in session.items:   # final order, after any reordering plugin
+        for name in getattr(item, "fixturenames", ()):
+            _LAST_USER[name] = item.nodeid
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    result = yield
+    for name in [name for name in _SHARED if _LAST_USER.get(name) == item.nodeid]:
+        stop_later(_SHARED.pop(name))
+    return result
+
+
+server = shared_server(None, TINY_PIXART, "The default deployment, as committed in model_repository/.")
+wan_server = shared_server(WAN_DEPLOYMENT, TINY_WAN, "Tiny Wan2.1 T2V (txt2vid / txt2vid_stream).")
+i2v_server = shared_server(I2V_DEPLOYMENT, TINY_WAN_I2V, "Tiny Wan2.1 I2V (img2vid / img2vid_stream, vae_encode).")
+flux_server = shared_server(FLUX_DEPLOYMENT, TINY_FLUX, "Tiny FLUX.1 (txt2img / txt2img_stream).")
+sd3_server = shared_server(SD3_DEPLOYMENT, TINY_SD3, "Tiny Stable Diffusion 3.5 (txt2img / txt2img_stream).")
+wan22_server = shared_server(WAN22_DEPLOYMENT, TINY_WAN22, "Tiny Wan2.2 A14B, two experts (txt2vid / txt2vid_stream).")
+qwen_server = shared_server(QWEN_DEPLOYMENT, TINY_QWEN, "Tiny Qwen-Image (txt2img / txt2img_stream).")
+shapes_server = shared_server(SHAPES_DEPLOYMENT, TINY_SHAPES,
+                              "The trained tiny PixArt-Sigma with cache tiers (scripts/web.sh serves it).")
 
 
 @pytest.fixture(scope="session")
@@ -84,51 +146,11 @@ def perf_analyzer() -> str:
 
 
 @pytest.fixture(scope="session")
-def wan_server(tmp_path_factory):
-    """A second real server, for the tiny Wan2.1 T2V deployment (txt2vid / txt2vid_stream)."""
-    srv = rendered_server(tmp_path_factory, WAN_DEPLOYMENT, TINY_WAN, "wan-server")
-    yield srv
-    srv.stop()
+def diffusers_shapes():
+    """The oracle for shapes_server: plain diffusers PixArtSigmaPipeline on the trained weights."""
+    from diffusers import PixArtSigmaPipeline
 
-
-@pytest.fixture(scope="session")
-def i2v_server(tmp_path_factory):
-    """A third real server, for the tiny Wan2.1 I2V deployment (img2vid / img2vid_stream, vae_encode)."""
-    srv = rendered_server(tmp_path_factory, I2V_DEPLOYMENT, TINY_WAN_I2V, "i2v-server")
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="session")
-def flux_server(tmp_path_factory):
-    """A real server for the tiny FLUX.1 deployment (txt2img / txt2img_stream)."""
-    srv = rendered_server(tmp_path_factory, FLUX_DEPLOYMENT, TINY_FLUX, "flux-server")
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="session")
-def sd3_server(tmp_path_factory):
-    """A real server for the tiny Stable Diffusion 3.5 deployment (txt2img / txt2img_stream)."""
-    srv = rendered_server(tmp_path_factory, SD3_DEPLOYMENT, TINY_SD3, "sd3-server")
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="session")
-def wan22_server(tmp_path_factory):
-    """A real server for the tiny Wan2.2 A14B deployment (two experts; txt2vid / txt2vid_stream)."""
-    srv = rendered_server(tmp_path_factory, WAN22_DEPLOYMENT, TINY_WAN22, "wan22-server")
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="session")
-def qwen_server(tmp_path_factory):
-    """A real server for the tiny Qwen-Image deployment (txt2img / txt2img_stream)."""
-    srv = rendered_server(tmp_path_factory, QWEN_DEPLOYMENT, TINY_QWEN, "qwen-server")
-    yield srv
-    srv.stop()
+    return PixArtSigmaPipeline.from_pretrained(str(TINY_SHAPES))
 
 
 @pytest.fixture(scope="session")

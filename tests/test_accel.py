@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import ROOT, TINY_PIXART, diffusers_image, rendered_server
+from conftest import ROOT, TINY_PIXART, diffusers_image, rendered_server, serve
 from ditserve.accel import TransformerRunner, _pad_rows
 from ditserve.client import DitClient, GenerationRequest
 from ditserve.deployment import AccelSection, load_deployment, write_variant
@@ -30,9 +30,7 @@ def accel_server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("accel")
     deployment = tmp / "tiny-pixart-accel.toml"
     write_variant(BASE, deployment, {}, "tests/test_accel.py", accel=ACCEL)
-    srv = rendered_server(tmp_path_factory, deployment, TINY_PIXART, "accel-server")
-    yield srv
-    srv.stop()
+    yield from serve(rendered_server(tmp_path_factory, deployment, TINY_PIXART, "accel-server"))
 
 
 def _forwards(server) -> tuple[float, float]:

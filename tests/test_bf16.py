@@ -12,7 +12,7 @@ import pytest
 import torch
 import tritonclient.grpc as grpcclient
 
-from conftest import ROOT, TINY_PIXART, diffusers_image, rendered_server
+from conftest import ROOT, TINY_PIXART, diffusers_image, rendered_server, serve
 from ditserve.client import DitClient, GenerationRequest
 from ditserve.deployment import dump_toml
 
@@ -23,11 +23,10 @@ TOLERANCE = 1   # max |served - diffusers| in uint8 levels
 def bf16_server(tmp_path_factory):
     data = tomllib.loads((ROOT / "configs" / "tiny-pixart-sigma.toml").read_text())
     data["model"]["dtype"] = "bfloat16"
+    data["engine"]["capacity"] = 1   # one request at a time here: 5 stub processes to start, not 11
     deployment = tmp_path_factory.mktemp("bf16") / "tiny-pixart-sigma-bf16.toml"
-    deployment.write_text("# tiny-pixart-sigma.toml in bfloat16 (tests/test_bf16.py)\n" + dump_toml(data))
-    srv = rendered_server(tmp_path_factory, deployment, TINY_PIXART, "bf16")
-    yield srv
-    srv.stop()
+    deployment.write_text("# tiny-pixart-sigma.toml in bfloat16, capacity 1 (tests/test_bf16.py)\n" + dump_toml(data))
+    yield from serve(rendered_server(tmp_path_factory, deployment, TINY_PIXART, "bf16"))
 
 
 def test_text_encoder_returns_bf16_embeddings(bf16_server):

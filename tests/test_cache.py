@@ -1,8 +1,8 @@
 """Quality tiers (input `quality`): a First-Block Cache per request inside step batches (ditserve/cache.py).
 
 Unit tests pin the decision and the row scatter; the served tests use the trained tiny
-PixArt-Sigma (configs/tiny-pixart-shapes.toml, [cache] tiers balanced and fast), on a
-server of its own (test_shapes_model.shapes_server is module-scoped): a `fast` request reuses steps and says how many (output
+PixArt-Sigma (configs/tiny-pixart-shapes.toml, [cache] tiers balanced and fast), on the
+session's shapes_server (conftest.py): a `fast` request reuses steps and says how many (output
 `cache_hits`, metric `ditserve_cache_hits_total`), a `lossless` request step-batched beside
 `fast` ones equals its solo result and diffusers, and a tier the deployment does not enable
 is rejected naming `quality` and the allowed values.
@@ -22,7 +22,6 @@ from ditserve.client import DitClient, GenerationRequest
 from ditserve.deployment import load_deployment, write_variant
 from ditserve.schema import InvalidRequest, decode_request
 from helpers import cancel_mid_denoise, histogram_above, run_staggered, scrape, wait_for_metric
-from test_shapes_model import diffusers_shapes, shapes_server  # noqa: F401  (module-scoped: a server for this module)
 from test_txt2img import assert_matches
 
 SHAPES = ROOT / "configs" / "tiny-pixart-shapes.toml"
@@ -171,8 +170,10 @@ def test_lossless_beside_fast_in_step_batches_equals_its_solo_result(shapes_serv
     with DitClient(shapes_server.grpc_url, "grpc") as client:
         solo = client.generate(lossless).media
     assert_matches(solo, diffusers_image(diffusers_shapes, PROMPT, 5, STEPS, 4.5))
-    # lossless / fast / lossless / fast, each joining the earlier ones mid-denoise.
-    requests = [GenerationRequest(PROMPT, seed=6, num_inference_steps=STEPS, quality="fast"), lossless,
+    # fast / lossless / fast / lossless, each joining the earlier ones mid-denoise. The first runs
+    # 300 steps so that the others always join it: a fast host can finish 12 tiny steps before
+    # the next request is admitted (as in tests/test_wan22.py).
+    requests = [GenerationRequest(PROMPT, seed=6, num_inference_steps=300, quality="fast"), lossless,
                 GenerationRequest("a green square on a white background", seed=7, num_inference_steps=STEPS - 4,
                                   quality="fast"),
                 GenerationRequest(PROMPT, seed=5, num_inference_steps=STEPS)]

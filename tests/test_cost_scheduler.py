@@ -7,23 +7,21 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import ROOT, TINY_PIXART, rendered_server
+from conftest import ROOT, TINY_PIXART, rendered_server, serve
 from ditserve.client import GenerationRequest
 from ditserve.deployment import write_variant
 from helpers import StreamCall, scrape
 from test_step_batching import assert_each_streamed_and_matches
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def cost_server(tmp_path_factory):
     deployment = tmp_path_factory.mktemp("cost-deployment") / "tiny-pixart-cost.toml"
     write_variant(ROOT / "configs" / "tiny-pixart-sigma.toml", deployment,
                   {"scheduler": "cost", "max_skips": 4}, "tests/test_cost_scheduler.py")
     with deployment.open("a") as toml:  # forwards cost 20 ms per request: batching gains nothing, so some wait
         toml.write('\n[[faults.rules]]\npoint = "denoise"\naction = "sleep"\nseconds_per_row = 0.02\n')
-    srv = rendered_server(tmp_path_factory, deployment, TINY_PIXART, "cost-server")
-    yield srv
-    srv.stop()
+    yield from serve(rendered_server(tmp_path_factory, deployment, TINY_PIXART, "cost-server"))
 
 
 def test_mixed_requests_all_finish_exactly_under_the_cost_scheduler(cost_server, diffusers_pixart):

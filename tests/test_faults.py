@@ -14,7 +14,7 @@ import torch
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import ROOT, start_server
+from conftest import ROOT, serve, start_server
 from ditserve.cancellation import default_root as cancel_root
 from ditserve.client import DitClient, GenerationRequest
 from ditserve.deployment import load_deployment
@@ -161,9 +161,7 @@ def fault_server(tmp_path_factory):
     # fault in a shared forward stays with its request.
     dit = repo / "dit" / "config.pbtxt"
     dit.write_text(dit.read_text().replace("max_queue_delay_microseconds: 0", "max_queue_delay_microseconds: 3000"))
-    server = start_server(tmp, "server", model_repository=repo, deployment=str(deployment))
-    yield server
-    server.stop()
+    yield from serve(start_server(tmp, "server", model_repository=repo, deployment=str(deployment)))
 
 
 # Slowed (>= 0.8 s in dit) by a sleep rule, so each faulty request surely joins its batch.

@@ -35,7 +35,6 @@ from frontend.media import MediaStore
 from frontend.requests import choose_model
 from frontend.videos import VIDEO_TASKS
 from helpers import assert_cancelled_on_server, scrape, settled_scrape, wait_for_metric
-from test_shapes_model import diffusers_shapes, shapes_server  # noqa: F401  (module-scoped: a server for this module)
 from test_txt2img import assert_matches
 
 # The SDK warns that OpenAI's own video models are retired; this server is not OpenAI's.

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import ROOT, diffusers_image, render_repository, start_server
+from conftest import ROOT, diffusers_image, render_repository, serve, start_server
 from ditserve.client import GenerationRequest
 from helpers import StreamCall, scrape
 from test_txt2img import assert_matches
@@ -29,9 +29,8 @@ def mode_server(request, tmp_path_factory):
     mode, capacity = request.param
     tmp = tmp_path_factory.mktemp(f"{mode}{capacity}")
     deployment, repo = write_deployment(tmp, mode, capacity)
-    server = start_server(tmp, "server", model_repository=repo, deployment=str(deployment))
-    yield mode, capacity, server
-    server.stop()
+    for server in serve(start_server(tmp, "server", model_repository=repo, deployment=str(deployment))):
+        yield mode, capacity, server
 
 
 def test_each_mode_matches_diffusers_under_concurrency(mode_server, diffusers_pixart):

@@ -26,7 +26,7 @@ import tritonclient.grpc as grpcclient
 from diffusers import FluxPipeline, WanPipeline
 from tritonclient.utils import InferenceServerException
 
-from conftest import ROOT, TINY_FLUX, TINY_PIXART, diffusers_image, diffusers_video, start_server
+from conftest import ROOT, TINY_FLUX, TINY_PIXART, diffusers_image, diffusers_video, serve, start_server
 from ditserve.client import DitClient, GenerationRequest
 from ditserve.deployment import load_deployment, write_variant
 from ditserve.handoff import ConditioningStore, HostTensor
@@ -136,10 +136,8 @@ def pipelines_server(tmp_path_factory):
                       "tests/test_pipelines.py")
     render(tmp / "repo", *(f"{name}={tmp / name}.toml" for name in SERVED))
     at_start = [f"--load-model={p}_{m}" for p in AT_START for m in SERVED[p]]
-    srv = start_server(tmp, "pipelines", model_repository=tmp / "repo",
-                       extra_args=["--model-control-mode=explicit", *at_start])
-    yield srv
-    srv.stop()
+    yield from serve(start_server(tmp, "pipelines", model_repository=tmp / "repo",
+                                  extra_args=["--model-control-mode=explicit", *at_start]))
 
 
 def generate(url: str, pipeline: str, request: GenerationRequest, protocol: str = "grpc"):

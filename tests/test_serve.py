@@ -6,12 +6,14 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
 from conftest import ROOT
 from ditserve.launcher import free_ports
+from ditserve.scratch import SERVER_PREFIX
 
 
 def _children(pid: int) -> set[int]:
@@ -38,6 +40,13 @@ def _shm_mapped_by(pids: set[int]) -> set[str]:
 
 
 def test_serve_runs_until_ctrl_c_and_leaves_nothing_behind(tmp_path):
+    gone = subprocess.Popen(["true"])
+    gone.wait()   # a killed server's pid: its scratch folders (ditserve/scratch.py) are swept at start-up
+    stale = [Path(base) / f"{SERVER_PREFIX}{gone.pid}" / kind for base, kind in
+             ((tempfile.gettempdir(), "cancel"), ("/dev/shm", "handoff"))]
+    for folder in stale:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "gen-1").write_bytes(b"x")
     http, grpc, metrics = free_ports(3)
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "scripts" / "serve.py"), "--http-port", str(http), "--grpc-port", str(grpc),
@@ -56,6 +65,7 @@ def test_serve_runs_until_ctrl_c_and_leaves_nothing_behind(tmp_path):
             assert time.monotonic() < deadline, "server did not become ready"
             time.sleep(0.5)
         (server_pid,) = _children(proc.pid)
+        assert not [folder.parent for folder in stale if folder.parent.exists()], "stale scratch folders stayed"
         stubs = _children(server_pid)
         assert len(stubs) >= 5, "expected one Python stub per model instance"
         regions = _shm_mapped_by({server_pid, *stubs})

@@ -18,30 +18,13 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import ROOT, SHAPES_DEPLOYMENT, TINY_SHAPES, diffusers_image, rendered_server
+from conftest import ROOT, diffusers_image
 from ditserve.client import DitClient, GenerationRequest
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import shapes_dataset as shapes  # noqa: E402
 
 STEPS, GUIDANCE = 20, 4.5  # configs/tiny-pixart-shapes.toml [defaults]
-
-
-@pytest.fixture(scope="module")
-def shapes_server(tmp_path_factory):
-    """One real server for this module, on the trained weights; module-scoped so that it stops
-    (with its five stub processes) before the rest of the suite runs."""
-    srv = rendered_server(tmp_path_factory, SHAPES_DEPLOYMENT, TINY_SHAPES, "shapes-server")
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
-def diffusers_shapes():
-    """The oracle: plain diffusers PixArtSigmaPipeline on the trained weights."""
-    from diffusers import PixArtSigmaPipeline
-
-    return PixArtSigmaPipeline.from_pretrained(str(TINY_SHAPES))
 
 
 @pytest.fixture(scope="module")

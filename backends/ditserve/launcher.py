@@ -143,6 +143,7 @@ class TritonServer:
         self.options = options
         self.log_path = log_path
         self.process: subprocess.Popen | None = None
+        self.stop_requested = False
 
     @property
     def http_url(self) -> str:
@@ -172,6 +173,7 @@ class TritonServer:
         ]
 
     def start(self) -> "TritonServer":
+        self.stop_requested = False
         out = open(self.log_path, "w") if self.log_path else None
         self.process = subprocess.Popen(
             self.command(), env=server_env(self.options.deployment), stdout=out, stderr=subprocess.STDOUT,
@@ -207,8 +209,10 @@ class TritonServer:
         return "\n".join(Path(self.log_path).read_text(errors="replace").splitlines()[-lines:])
 
     def request_stop(self) -> None:
-        """Ask Triton to unload its models and exit; safe inside a signal handler (never waits)."""
-        if self.process and self.process.poll() is None:
+        """Ask Triton to unload its models and exit, once; safe inside a signal handler (never
+        waits). A caller may ask early and reap later with stop() (test fixtures do)."""
+        if self.process and self.process.poll() is None and not self.stop_requested:
+            self.stop_requested = True
             self.process.send_signal(signal.SIGINT)
 
     def stub_pids(self) -> list[int]:

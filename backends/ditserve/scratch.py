@@ -4,7 +4,8 @@ The public models and `dit` run in separate stub processes whose common parent i
 tritonserver, so a directory named for that parent is private to the server. One file per
 generation, named by its id (the `dit` request id); entries whose generation never came
 back are collected by age. Users: cancellation flags (cancellation.py) and the conditioning
-handoff (handoff.py).
+handoff (handoff.py). A server's folder goes when its dit unloads; the folders of servers that
+were killed instead are swept when the next server's dit loads (sweep_dead_servers).
 """
 from __future__ import annotations
 
@@ -23,6 +24,31 @@ def server_dir(base: Path, server_pid: int | None = None) -> Path:
     other. A stub's server is its parent; a tool outside the server passes the server's pid.
     (Not `ditserve-...`: that prefix names the clients' shared-memory regions, ditserve/shm.py.)"""
     return base / f"{SERVER_PREFIX}{server_pid or os.getppid()}"
+
+
+def sweep_dead_servers(base: Path) -> list[Path]:
+    """Remove `base/ditserve_server-<pid>` folders whose server process is gone, and say which.
+
+    A server's dit removes its folder at unload (GenerationFiles.remove_all), which a killed
+    server never reaches; its folder would stay in /tmp and /dev/shm (tmpfs: memory) for good.
+    A folder whose pid is alive, whoever owns that process, is left alone."""
+    swept = []
+    for folder in base.glob(f"{SERVER_PREFIX}*"):
+        pid = folder.name.removeprefix(SERVER_PREFIX)
+        if pid.isdigit() and not _alive(int(pid)) and folder.is_dir():
+            shutil.rmtree(folder, ignore_errors=True)
+            swept.append(folder)
+    return swept
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` runs; a zombie (killed, not yet reaped by its parent) does not.
+    Without /proc (not Linux) every process counts as alive, so nothing is swept."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return not Path("/proc/self").exists()
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def pipeline_dir(base: Path, kind: str, pipeline: str | None = None, server_pid: int | None = None) -> Path:

@@ -28,6 +28,7 @@ from ..faults import injector
 from ..handoff import ConditioningStore
 from ..schema import GenerationParams, check_params
 from ..scheduler import StepScheduler
+from ..scratch import sweep_dead_servers
 from ..state import TextConditioning
 from .common import (TensorSpec, declare, ended_if_cancelled, error_response, input_numpy, requested_outputs,
                      stage_deployment, stage_names, warm_up)
@@ -105,6 +106,10 @@ class DitStage:
         pipeline = stage_names(model_config).pipeline
         self.cancels = CancelRegistry(pipeline=pipeline)
         self.handoff = ConditioningStore(pipeline=pipeline)
+        for files in (self.cancels, self.handoff):   # what killed servers left (their dit never finalized)
+            if swept := sweep_dead_servers(files.top.parent):
+                pb_utils.Logger.log_info(f"{args['model_name']}: removed {len(swept)} scratch folder(s) of servers "
+                                         f"that are gone from {files.top.parent}")
         self.metrics = DitMetrics(args["model_name"])
 
     def execute(self, requests):
