@@ -173,6 +173,7 @@ def test_runner_pads_to_the_bucket_and_returns_the_real_rows():
     ({"vae_decode": "graphs"}, "[accel] vae_decode='graphs'; allowed: eager, compile"),
     ({"text_encoder": 1}, "[accel] text_encoder=1; allowed: eager, compile"),
     ({"fp8": "yes"}, "[accel] fp8='yes'; allowed: true, false"),
+    ({"scheduler_step": "vectorised"}, "[accel] scheduler_step='vectorised'; allowed: batched, per_request"),
     ({"row_buckets": [1, 2]}, "must reach 8 rows"),
     ({"row_buckets": [0, 8]}, "allowed: a list of integers >= 1"),
     ({"warm_sizes": ["64"]}, "warm_sizes entry '64' is not HxW"),

@@ -112,6 +112,7 @@ class EngineSection:
 
 TRANSFORMER_ACCEL = ("eager", "compile", "cuda_graphs")
 STAGE_ACCEL = ("eager", "compile")
+SCHEDULER_STEP_ACCEL = ("batched", "per_request")
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,10 @@ class AccelSection:
                  of the compile); "" = torch's default under /tmp
     vae_decode, text_encoder  eager | compile, for those stages' forwards (warmed for warm_sizes)
     fp8          the transformer's linear layers in FP8 (torchao, per-row dynamic activations)
+    scheduler_step  batched (default): a step batch's scheduler steps run as one set of tensor
+                 ops where ditserve/batched_step.py covers the scheduler (bit-identical to
+                 diffusers' per-request `step` on CPU); per_request: each request's own
+                 `scheduler.step`, as before (the control for measuring it)
     """
 
     transformer: str = "eager"
@@ -142,6 +147,7 @@ class AccelSection:
     vae_decode: str = "eager"
     text_encoder: str = "eager"
     fp8: bool = False
+    scheduler_step: str = "batched"
 
     @property
     def compiles(self) -> bool:
@@ -326,7 +332,8 @@ def _check_cache(cache: CacheSection) -> None:
 def _check_accel(dep: Deployment) -> None:
     """Every [accel] value is checked here, at load, with the allowed values in the message."""
     accel = dep.accel
-    choices = {"transformer": TRANSFORMER_ACCEL, "vae_decode": STAGE_ACCEL, "text_encoder": STAGE_ACCEL}
+    choices = {"transformer": TRANSFORMER_ACCEL, "vae_decode": STAGE_ACCEL, "text_encoder": STAGE_ACCEL,
+               "scheduler_step": SCHEDULER_STEP_ACCEL}
     for key, allowed in choices.items():
         if getattr(accel, key) not in allowed:
             raise ValueError(f"deployment [accel] {key}={getattr(accel, key)!r}; allowed: {', '.join(allowed)}")

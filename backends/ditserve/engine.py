@@ -86,6 +86,11 @@ class StepChecks:
         return self.rows[key][1]
 
 
+def _rows_finite(rows: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """Per row (tensors of one shape, batch dim 1): whether all of it is finite, as 0-dim bools."""
+    return torch.isfinite(torch.cat(rows)).flatten(1).all(1).unbind()
+
+
 def _subject(state: RequestState) -> Subject:
     return Subject(state.params.prompt, state.params.height, state.step_index + 1)
 
@@ -178,15 +183,27 @@ class StepEngine:
         report.batch_sizes.append(len(states))
         report.timings.append((states[0].compat_key, len(states), timer))
         batch = f"(in a forward of {len(states)} request{'s' if len(states) > 1 else ''})"
+        steps = {s.key: f"denoise step {s.step_index + 1}/{s.total_steps}" for s in states}
+        subjects = {s.key: _subject(s) for s in states}
+        failures: dict[str, Exception] = self.adapter.scheduler_steps(states, outputs)
+        stepped = []
         for state, output in zip(states, outputs):
-            step, subject = f"denoise step {state.step_index + 1}/{state.total_steps}", _subject(state)
-            try:
-                self.adapter.scheduler_step(state, output)
-                state.latents = self.faults.at("scheduler_step", [subject], [state.latents])[0]
-            except Exception as exc:
-                report.failed[state.key] = f"{step} failed in the scheduler step {batch}: {type(exc).__name__}: {exc}"
-                continue
-            entries.append((state, (step, batch), (torch.isfinite(output).all(), torch.isfinite(state.latents).all())))
+            if state.key not in failures:
+                try:
+                    state.latents = self.faults.at("scheduler_step", [subjects[state.key]], [state.latents])[0]
+                except Exception as exc:
+                    failures[state.key] = exc
+            if state.key in failures:
+                exc = failures[state.key]
+                report.failed[state.key] = (f"{steps[state.key]} failed in the scheduler step {batch}: "
+                                            f"{type(exc).__name__}: {exc}")
+            else:
+                stepped.append((state, output))
+        if stepped:   # whether each model output and new latents are finite: a few ops per group
+            outputs_ok = _rows_finite([output for _, output in stepped])
+            latents_ok = _rows_finite([state.latents for state, _ in stepped])
+            for (state, _), output_ok, latent_ok in zip(stepped, outputs_ok, latents_ok):
+                entries.append((state, (steps[state.key], batch), (output_ok, latent_ok)))
 
     def release(self, key: str) -> RequestState | None:
         """Drop a request's state; idempotent, so cancel, timeout and error may race."""

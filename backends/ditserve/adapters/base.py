@@ -6,7 +6,8 @@ its `__call__` into the pieces the serving stages need:
   encode_text  (text_encoder stage)   prompts -> embeddings + masks
   prepare      (dit, on admission)    params + conditioning -> RequestState
   denoise      (dit, every step)      batch of states -> guided model output per state
-  scheduler_step (dit, per request)   advance one state with its own scheduler
+  scheduler_steps (dit, every step)   advance each state with its own scheduler's schedule
+                                      (one batched solve where batched_step.py covers it)
   decode       (vae_decode stage)     latents -> uint8 media on the device
 
 Image-conditioned families (wan_i2v.py) add the encoders a vae_encode stage calls and
@@ -31,6 +32,7 @@ import torch
 from diffusers.utils.torch_utils import randn_tensor
 
 from ..accel import TransformerRunner, WarmCompiled, WarmupReport, apply_fp8, warm_attribute, warming
+from ..batched_step import BatchedSolver, solver_for, warn_fallback
 from ..cache import RowCache, first_block_cache
 from ..deployment import Deployment
 from ..schema import GenerationParams, check_params
@@ -89,6 +91,9 @@ class FamilyAdapter(ABC):
         self.stage = stage
         self.runners: dict[str, TransformerRunner] = {}   # dit: one per transformer module
         self.run_forward, self.stage_runner = self._accelerate(stage)
+        # dit: the scheduler step of a whole batch at once, where the scheduler is covered
+        self.solver: BatchedSolver | None = solver_for(self.pipe.scheduler) \
+            if stage == "dit" and deployment.accel.scheduler_step == "batched" else None
         self.cache_hits = 0   # steps reused by all requests so far (ditserve_cache_hits_total)
         if stage == "dit" and deployment.cache.tiers and self.cache_blocks is None:
             raise ValueError(f"deployment [cache] tiers: family {self.family!r} has no cached forward yet; "
@@ -307,6 +312,28 @@ class FamilyAdapter(ABC):
             model_output, state.timestep, state.latents, **state.step_kwargs, return_dict=False
         )[0]
         state.step_index += 1
+
+    def scheduler_steps(self, states: list[RequestState], outputs: list[torch.Tensor]) -> dict[str, Exception]:
+        """Advance each state (one compat group) by one step with its own schedule: one batched
+        solve where the scheduler is covered, else (or if that raises) `scheduler.step` per request.
+        Returns key -> exception for the requests that could not be stepped; the others advanced."""
+        if self.solver is not None:
+            try:
+                new = self.solver.step([s.scheduler for s in states], [s.latents for s in states], outputs,
+                                       [s.timestep for s in states])
+            except Exception as exc:   # no scheduler changed: the per-request steps below say who fails
+                warn_fallback(exc)
+            else:
+                for state, latents in zip(states, new):
+                    state.latents, state.step_index = latents, state.step_index + 1
+                return {}
+        failures = {}
+        for state, output in zip(states, outputs):
+            try:
+                self.scheduler_step(state, output)
+            except Exception as exc:
+                failures[state.key] = exc
+        return failures
 
     @torch.inference_mode()
     def decode(self, latents: torch.Tensor) -> tuple[torch.Tensor, list[bool]]:
