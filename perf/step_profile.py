@@ -6,12 +6,17 @@ around it (inputs stacked, CFG combined, each request's scheduler.step, the NaN/
 
 For each batch size B: B requests (CFG, 20 steps) admitted into a StepEngine of the deployment's
 dit adapter, `--warm` steps, then `--iters` timed steps, each CUDA-synchronised:
-  step_ms     engine.step over the B requests (what ditserve_step_duration_seconds measures)
-  forward_ms  the adapter's transformer forward alone, on the same stacked inputs
-  scheduler_ms  B scheduler.step calls on saved outputs (one per request, as the engine does)
-  other_ms    step - forward: all the Python and small kernels around the forward
+  step_ms_<path>     engine.step over the B requests (what ditserve_step_duration_seconds measures)
+  forward_ms        the adapter's transformer forward alone, on the same stacked inputs
+  scheduler_ms_<path>  the B requests' scheduler steps on saved outputs, as the engine calls them
+  other_ms_<path>   step - forward: all the Python and small kernels around the forward
+  outside_denoise_ms_<path>  per engine step, its time minus its denoise (stacking, forward, CFG;
+                    the engine's own ForwardTimer): scheduler steps, NaN checks, grouping
+  batched_vs_per_request_max_abs  the two paths' latents after one step from the same state
   eager_forward_ms, forward_speedup, forward_rel_rms_vs_eager   with --accel: the eager forward
               on the same inputs, and the accelerated output's relative RMS error against it
+<path> is `per_request` (each request's own scheduler.step) and, where ditserve/batched_step.py
+covers the deployment's scheduler, `batched` (one solve for the group): both run in the same process.
 Issue 23 asks this before vectorising: the answer says whether the per-request scheduler step
 is worth batching.
 """
@@ -39,10 +44,14 @@ from ditserve.schema import GenerationParams  # noqa: E402
 from ditserve.state import TextConditioning  # noqa: E402
 
 
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def timed(fn, iters: int) -> float:
     """Median ms of `iters` calls, each synchronised."""
     out = []
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     for _ in range(iters):
         sync()
         start = time.perf_counter()
@@ -50,6 +59,15 @@ def timed(fn, iters: int) -> float:
         sync()
         out.append((time.perf_counter() - start) * 1000)
     return round(statistics.median(out), 3)
+
+
+def _fresh(scheduler):
+    """A copy to step from a saved state: `step` replaces tensors but edits its history lists in place."""
+    clone = copy.copy(scheduler)
+    for name, value in vars(scheduler).items():
+        if isinstance(value, list):
+            setattr(clone, name, list(value))
+    return clone
 
 
 def main() -> int:
@@ -71,18 +89,35 @@ def main() -> int:
     adapter = adapter_for(deployment.model.family)(deployment, "dit")
     warm = adapter.warm_up()
     length, dim = deployment.model.max_sequence_length, adapter.text_embed_dim
+    solver = adapter.solver
+    modes = ("per_request", "batched") if solver is not None else ("per_request",)
     rows = []
     for batch in batches:
         engine = StepEngine(adapter)
         for i in range(batch):
-            params = GenerationParams("p", "", height, width, 20 + args.warm + 2 * args.iters + 5, 4.5, i)
+            steps = 20 + args.warm + args.iters * len(modes) + 5
+            params = GenerationParams("p", "", height, width, steps, 4.5, i)
             cond = adapter.example_conditioning(params)
             cond.embeds, cond.mask = torch.randn(2, length, dim, dtype=adapter.dtype), torch.ones(2, length, dtype=torch.int64)
             engine.admit(str(i), params, cond)
         keys = list(engine.table)
+        row = {"requests": batch, "rows": 2 * batch}
         for _ in range(args.warm):
             engine.step(keys)
-        step_ms = timed(lambda: engine.step(keys), args.iters)
+        step_ms, outside_ms = {mode: [] for mode in modes}, {mode: [] for mode in modes}
+        for _ in range(args.iters):   # the two scheduler-step paths alternate, so drift hits both alike
+            for mode in modes:
+                adapter.solver = solver if mode == "batched" else None
+                sync()
+                start = time.perf_counter()
+                report = engine.step(keys)
+                sync()
+                total = (time.perf_counter() - start) * 1000
+                step_ms[mode].append(total)
+                outside_ms[mode].append(total - 1000 * sum(timer.seconds() for _, _, timer in report.timings))
+        for mode in modes:
+            row[f"step_ms_{mode}"] = round(statistics.median(step_ms[mode]), 3)
+            row[f"outside_denoise_ms_{mode}"] = round(statistics.median(outside_ms[mode]), 3)
         states = [engine.table[k] for k in keys]
         latents = torch.cat([torch.cat([s.latents] * 2) for s in states])
         timesteps = torch.cat([s.timestep.reshape(1).expand(2) for s in states]).to(adapter.device)
@@ -96,18 +131,26 @@ def main() -> int:
             eager_ms = timed(lambda: adapter.forward(latents, timesteps, cond), args.iters) if accel else forward_ms
         saved = [(copy.deepcopy(s.scheduler), s.latents.clone(), s.step_index) for s in states]
 
-        def schedule() -> None:
-            for s, output, (scheduler, latents_before, index) in zip(states, outputs, saved):
-                s.scheduler, s.latents, s.step_index = copy.copy(scheduler), latents_before, index
-                adapter.scheduler_step(s, output)
+        def schedule() -> list[torch.Tensor]:
+            """One scheduler step of every request from the saved state (the engine's call)."""
+            for s, (scheduler, latents_before, index) in zip(states, saved):
+                s.scheduler, s.latents, s.step_index = _fresh(scheduler), latents_before, index
+            adapter.scheduler_steps(states, outputs)
+            return [s.latents for s in states]
 
-        scheduler_ms = timed(schedule, args.iters)
-        rows.append({"requests": batch, "rows": 2 * batch, "step_ms": step_ms, "forward_ms": forward_ms,
-                     "eager_forward_ms": eager_ms, "forward_speedup": round(eager_ms / forward_ms, 3),
-                     "forward_rel_rms_vs_eager": round(rel_rms, 5),
-                     "scheduler_ms": scheduler_ms, "other_ms": round(step_ms - forward_ms, 3),
-                     "other_share": round((step_ms - forward_ms) / step_ms, 3)})
-        print(json.dumps(rows[-1]), flush=True)
+        stepped = {}
+        for mode in modes:
+            adapter.solver = solver if mode == "batched" else None
+            row[f"scheduler_ms_{mode}"] = timed(schedule, args.iters)
+            row[f"other_ms_{mode}"] = round(row[f"step_ms_{mode}"] - forward_ms, 3)
+            stepped[mode] = torch.cat(schedule()).float()
+        if solver is not None:   # on this device: the batched latents against each request's own step
+            row["batched_vs_per_request_max_abs"] = (stepped["batched"] - stepped["per_request"]).abs().max().item()
+        adapter.solver = solver
+        row.update({"forward_ms": forward_ms, "eager_forward_ms": eager_ms, "forward_speedup": round(eager_ms / forward_ms, 3),
+                    "forward_rel_rms_vs_eager": round(rel_rms, 5)})
+        rows.append(row)
+        print(json.dumps(row), flush=True)
     report = {"command": " ".join(sys.argv), "deployment": deployment.source, "size": args.size,
               "accel": accel, "warm_up_s": round(warm.seconds, 1), "torch": torch.__version__,
               "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "rows": rows}

@@ -16,6 +16,7 @@ except ImportError:  # running from a checkout or a container copy without insta
 
 from ditserve.stages import stage_class
 from ditserve.stages.metrics import release_all
+from ditserve.stages.warm_path import ExecuteClock
 
 
 def _stage_of(config: dict) -> str:
@@ -37,9 +38,10 @@ class TritonPythonModel:
         faulthandler.register(signal.SIGUSR1, all_threads=True)
         config = json.loads(args["model_config"])
         self.stage = stage_class(_stage_of(config))(args, config)
+        self.clock = ExecuteClock(args["model_instance_name"])
 
     def execute(self, requests):
-        return self.stage.execute(requests)
+        return self.clock.run(self.stage.execute, requests)
 
     def finalize(self):
         self.stage.finalize()

@@ -34,6 +34,7 @@ from .common import (TensorSpec, declare, ended_if_cancelled, error_response, in
                      stage_deployment, stage_names, warm_up)
 from .metrics import DitMetrics
 from .torch_io import to_pb, to_torch
+from .warm_path import warm_request, warm_request_path
 
 # The public models hand `embeds` and `mask` (and a task's conditioning) over out of band
 # (handoff.py) so they do not travel again at every step; a direct client sends them here.
@@ -103,6 +104,7 @@ class DitStage:
         engine = self.deployment.engine
         self.scheduler = StepScheduler(engine.scheduler, engine.max_skips, engine.throughput_floor, engine.cost_ewma)
         self.accel_metrics = warm_up(adapter, args["model_name"])
+        warm_request_path(args["model_name"], lambda: self._warm_request_path(adapter))
         pipeline = stage_names(model_config).pipeline
         self.cancels = CancelRegistry(pipeline=pipeline)
         self.handoff = ConditioningStore(pipeline=pipeline)
@@ -110,7 +112,19 @@ class DitStage:
             if swept := sweep_dead_servers(files.top.parent):
                 pb_utils.Logger.log_info(f"{args['model_name']}: removed {len(swept)} scratch folder(s) of servers "
                                          f"that are gone from {files.top.parent}")
-        self.metrics = DitMetrics(args["model_name"])
+        self.metrics = DitMetrics(args["model_name"], uncounted=adapter.forward_calls)
+
+    def _warm_request_path(self, adapter) -> None:
+        """One short generation through a private engine (no fault rules, nothing left in the
+        served table), then the tensors of its final response."""
+        params = warm_request(self.deployment)
+        engine = StepEngine(adapter)
+        state = engine.admit("warm-up", params, adapter.example_conditioning(params))
+        while not state.done:
+            engine.step([state.key])
+        engine.release(state.key)
+        pb_utils.InferenceResponse([_progress(state.total_steps, state.total_steps),
+                                    to_pb("latents", state.latents.float().cpu())])
 
     def execute(self, requests):
         active = [(request_key(r), r) for r in requests]

@@ -44,6 +44,7 @@ from .common import (TensorSpec, declare, ended_if_cancelled, error_response, in
 from .dlpack import host_tensor, without_batch
 from .liveness import StubDied, StubWatch
 from .metrics import GenerateMetrics
+from .warm_path import warm_request, warm_request_path
 
 _TYPES = {"BYTES": "TYPE_STRING", "INT32": "TYPE_INT32", "INT64": "TYPE_INT64", "FP32": "TYPE_FP32"}
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -175,6 +176,19 @@ class GenerateStage:
         heavy = [name for name in HEAVY_MODULES if name in sys.modules]
         pb_utils.Logger.log_info(f"{self.model_name}: in-flight generation stub loaded; imported: "
                                  f"{', '.join(heavy) if heavy else 'none of ' + ', '.join(HEAVY_MODULES)}")
+        warm_request_path(self.model_name, self._warm_request_path)
+
+    def _warm_request_path(self) -> None:
+        """What a request does here besides its BLS calls (BLS is not allowed in initialize):
+        the hand-off store written, dit's params tensor, a final response with media."""
+        params = warm_request(self.deployment)
+        key = uuid.uuid4().hex
+        self.handoff.put(key, {"embeds": HostTensor.from_numpy(np.zeros((1, 1), dtype=np.float32))})
+        self.handoff.discard(key)   # only dit reads hand-offs (with torch, which this stub does not load)
+        media = np.zeros((*(params.num_frames,) * self.deployment.is_video, params.height, params.width, 3),
+                         dtype=np.uint8)
+        pb_utils.InferenceResponse([self._params_tensor(params), pb_utils.Tensor(media_output(self.deployment), media),
+                                    pb_utils.Tensor("seed", np.array([params.seed], dtype=np.int64))])
 
     def execute(self, requests):
         # Generations run in the execute thread: BLS and response sending from worker threads

@@ -40,7 +40,8 @@ def histogram(name: str, help_text: str, model: str, buckets: list[float]):
 class DitMetrics:
     """What the step engine exposes: table size, active generations, step batch sizes."""
 
-    def __init__(self, model: str):
+    def __init__(self, model: str, uncounted: dict[str, int] | None = None):
+        """`uncounted`: forwards by path that ran before serving (the request-path warm-up)."""
         self.state_table = gauge("ditserve_state_table_size", "Generations holding state in the dit engine", model)
         self.active = gauge("ditserve_active_generations", "Generations stepped in the last dit execute", model)
         self.step_batch = histogram("ditserve_step_batch_size", "Requests per transformer forward", model,
@@ -66,7 +67,7 @@ class DitMetrics:
         self.cache_hits = counter("ditserve_cache_hits_total",
                                   "Denoise steps a request's cache tier reused instead of running the blocks "
                                   "after the first (input quality; 0 for lossless)", model)
-        self._counted = {"compiled": 0, "eager": 0, "cache_hits": 0}
+        self._counted = {"compiled": 0, "eager": 0, "cache_hits": 0, **(uncounted or {})}
 
     def count_forwards(self, calls: dict[str, int]) -> None:
         """Add what the transformer runner counted since the last call."""

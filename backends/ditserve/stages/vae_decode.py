@@ -14,10 +14,11 @@ import triton_python_backend_utils as pb_utils
 
 from ..adapters import adapter_for
 from ..adapters.base import instance_device
-from ..faults import Subject, injector
+from ..faults import FaultInjector, Subject, injector
 from ..isolation import isolating_failures
 from .common import TensorSpec, declare, error_response, media_dims, stage_deployment, warm_up
 from .torch_io import to_pb, to_torch
+from .warm_path import warm_request, warm_request_path
 
 
 
@@ -31,8 +32,15 @@ class VaeDecodeStage:
     def __init__(self, args: dict, model_config: dict):
         self.deployment = stage_deployment(model_config)
         self.adapter = adapter_for(self.deployment.model.family)(self.deployment, "vae_decode", instance_device(args))
-        self.faults = injector(self.deployment, "vae_decode")
         self.accel_metrics = warm_up(self.adapter, args["model_name"])
+        self.faults = FaultInjector()   # off while the request path warms up
+        warm_request_path(args["model_name"], self._warm_request_path)
+        self.faults = injector(self.deployment, "vae_decode")
+
+    def _warm_request_path(self) -> None:
+        """One decode of the default size through the batch path (media to the host, response)."""
+        latents = torch.zeros(self.adapter.latent_shape(warm_request(self.deployment)))
+        self._decode_batch([(0, latents)], [None])
 
     def execute(self, requests):
         responses: list = [None] * len(requests)
