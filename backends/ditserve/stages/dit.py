@@ -34,7 +34,7 @@ from .common import (TensorSpec, declare, ended_if_cancelled, error_response, in
                      stage_deployment, stage_names, warm_up)
 from .metrics import DitMetrics
 from .torch_io import to_pb, to_torch
-from .warm_path import warm_request, warm_request_path
+from .warm_path import warm_request_path, warm_requests
 
 # The public models hand `embeds` and `mask` (and a task's conditioning) over out of band
 # (handoff.py) so they do not travel again at every step; a direct client sends them here.
@@ -115,16 +115,16 @@ class DitStage:
         self.metrics = DitMetrics(args["model_name"], uncounted=adapter.forward_calls)
 
     def _warm_request_path(self, adapter) -> None:
-        """One short generation through a private engine (no fault rules, nothing left in the
-        served table), then the tensors of its final response."""
-        params = warm_request(self.deployment)
+        """Short generations through a private engine (no fault rules, nothing left in the
+        served table), then the tensors of their final responses."""
         engine = StepEngine(adapter)
-        state = engine.admit("warm-up", params, adapter.example_conditioning(params))
-        while not state.done:
-            engine.step([state.key])
-        engine.release(state.key)
-        pb_utils.InferenceResponse([_progress(state.total_steps, state.total_steps),
-                                    to_pb("latents", state.latents.float().cpu())])
+        for params in warm_requests(adapter):
+            state = engine.admit("warm-up", params, adapter.example_conditioning(params))
+            while not state.done:
+                engine.step([state.key])
+            engine.release(state.key)
+            pb_utils.InferenceResponse([_progress(state.total_steps, state.total_steps),
+                                        to_pb("latents", state.latents.float().cpu())])
 
     def execute(self, requests):
         active = [(request_key(r), r) for r in requests]

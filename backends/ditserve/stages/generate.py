@@ -185,9 +185,10 @@ class GenerateStage:
         key = uuid.uuid4().hex
         self.handoff.put(key, {"embeds": HostTensor.from_numpy(np.zeros((1, 1), dtype=np.float32))})
         self.handoff.discard(key)   # only dit reads hand-offs (with torch, which this stub does not load)
+        self._params_tensor(params)
         media = np.zeros((*(params.num_frames,) * self.deployment.is_video, params.height, params.width, 3),
                          dtype=np.uint8)
-        pb_utils.InferenceResponse([self._params_tensor(params), pb_utils.Tensor(media_output(self.deployment), media),
+        pb_utils.InferenceResponse([pb_utils.Tensor(media_output(self.deployment), media),
                                     pb_utils.Tensor("seed", np.array([params.seed], dtype=np.int64))])
 
     def execute(self, requests):

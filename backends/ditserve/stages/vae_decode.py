@@ -18,7 +18,7 @@ from ..faults import FaultInjector, Subject, injector
 from ..isolation import isolating_failures
 from .common import TensorSpec, declare, error_response, media_dims, stage_deployment, warm_up
 from .torch_io import to_pb, to_torch
-from .warm_path import warm_request, warm_request_path
+from .warm_path import warm_request_path, warm_requests
 
 
 
@@ -38,9 +38,9 @@ class VaeDecodeStage:
         self.faults = injector(self.deployment, "vae_decode")
 
     def _warm_request_path(self) -> None:
-        """One decode of the default size through the batch path (media to the host, response)."""
-        latents = torch.zeros(self.adapter.latent_shape(warm_request(self.deployment)))
-        self._decode_batch([(0, latents)], [None])
+        """A decode through the batch path (media to the host, response) per warm size."""
+        for params in warm_requests(self.adapter):
+            self._decode_batch([(0, torch.zeros(self.adapter.latent_shape(params)))], [None])
 
     def execute(self, requests):
         responses: list = [None] * len(requests)

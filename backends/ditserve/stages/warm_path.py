@@ -8,8 +8,9 @@ first launch loads it lazily). Each stage therefore runs its own request path on
 
   text_encoder  Triton's `model_warmup` (model_repository/text_encoder/config.pbtxt): two
                 requests of empty texts through the real execute, stub IPC and shared memory
-  dit           one 2-step generation of the default size through a private StepEngine
-  vae_decode    one decode of the default size through the stage's batch path
+  dit           a 2-step generation per [accel] warm size (else of the default size) through a
+                private StepEngine
+  vae_decode    a decode per warm size (else of the default size) through the stage's batch path
   generate      the hand-off store, BLS request objects and the final response
 
 BLS is not supported in `initialize` (python_backend README) and Triton's `model_warmup` of a
@@ -30,18 +31,24 @@ from ..schema import GenerationParams, check_params
 LOGGED_EXECUTES = 4   # the warm-up's executes (text_encoder) and the first requests'
 
 
-def warm_request(deployment: Deployment, prompt: str = "warm up") -> GenerationParams:
+def warm_request(deployment: Deployment) -> GenerationParams:
     """A request of the deployment's default size with the fewest steps allowed (at least 2, so a
     multistep scheduler's second step runs too) and no CFG rows (the warm-up has no negative text)."""
     steps = max(2, deployment.limits.min_steps)
-    params = GenerationParams(prompt, "", deployment.defaults.height, deployment.defaults.width, steps, 0.0, 0,
+    params = GenerationParams("warm up", "", deployment.defaults.height, deployment.defaults.width, steps, 0.0, 0,
                               num_frames=deployment.defaults.num_frames, cfg=deployment.uses_cfg)
     return check_params(params, deployment)
 
 
+def warm_requests(adapter) -> list[GenerationParams]:
+    """One made-up request per [accel] warm size (the shapes compiled and captured at load: the
+    served path of those runs the graphs), else one of the default size."""
+    return adapter.warm_params() or [warm_request(adapter.deployment)]
+
+
 def warm_request_path(model_name: str, run: Callable[[], None]) -> None:
-    """Run a stage's request path once (`run`, with the stage's fault rules off: a rule for every
-    request must not fail the load) and log what it took."""
+    """Run a stage's request path once and log what it took. `run` keeps the deployment's fault
+    rules out (a rule for every request must not fail the load)."""
     start = time.perf_counter()
     run()
     pb_utils.Logger.log_info(f"{model_name}: warmed its request path in {1000 * (time.perf_counter() - start):.1f} ms")
