@@ -418,5 +418,5 @@ def _host_numpy(tensor) -> np.ndarray:
     needs a device-to-host copy, which pb_utils cannot do: only that path imports torch."""
     if tensor.is_cpu():
         return tensor.as_numpy()
-    from torch.utils.dlpack import from_dlpack
-    return from_dlpack(tensor.to_dlpack()).cpu().numpy()
+    from .torch_io import to_torch
+    return to_torch(tensor).cpu().numpy()
