@@ -23,9 +23,12 @@
 #             -> $OUT/control_* (time depends on CONTROL_RATE / CONTROL_N); an incomplete run
 #             leaves every stub's Python stacks in its server log (TritonServer.dump_stacks)
 #   scheduler issue 22: perf/matched_control.py on one seeded mixed Poisson trace (sizes
-#             SCHED_SIZES 512,768,1024, 4 or 30 steps, CFG on/off), modes SCHED_MODES (default
-#             request_batch,step:cost; run step,step:cost in a second call) at capacity
-#             SCHED_CAPACITY (16) -> $OUT/control_* as the control stage (not in `all`; one call)
+#             SCHED_SIZES 512,768,1024, SCHED_STEPS 4,30 steps, SCHED_GUIDANCE 1.0,4.5), modes SCHED_MODES
+#             (default request_batch,step:cost; run step,step:cost in a second call) at capacity
+#             SCHED_CAPACITY (16) -> $OUT/control_* as the control stage (not in `all`; one call);
+#             with SCHED_LOADS (e.g. 0.5,0.8,0.95) a load ladder instead of SCHED_RATE: saturation
+#             measured on the first mode's server (SCHED_SAT_S, 30 s), one trace per fraction, one
+#             server per mode; e.g. SCHED_LOADS=0.5,0.8,0.95 SCHED_SIZES=1024 SCHED_STEPS=20 SCHED_GUIDANCE=4.5
 #   soak      issue 19: perf/soak.py on the PixArt deployment with the real config's [accel]
 #             (SOAK_ACCEL_FROM, default configs/pixart-sigma-1024.toml; empty = the deployment's own,
 #             eager) warmed at SOAK_WARM (256x256,512x512): measured saturation, then Poisson phases at
@@ -80,7 +83,8 @@
 # first builds full-size Wan2.1-T2V-1.3B if missing), SWEEP_LEVEL_TIMEOUT_S (150),
 # SOAK_TARGET (10000), SOAK_SIZES (256,512), SOAK_STEPS (2-8), SOAK_ACCEL_FROM, SOAK_WARM (256x256,512x512),
 # CONTROL_RATE (0.6 req/s), CONTROL_N (24), CONTROL_ARGS (extra args),
-# SCHED_MODES, SCHED_CAPACITY, SCHED_RATE (1.0 req/s), SCHED_N (40), SCHED_SIZES (scheduler stage),
+# SCHED_MODES, SCHED_CAPACITY, SCHED_RATE (1.0 req/s), SCHED_N (40), SCHED_SIZES, SCHED_STEPS, SCHED_GUIDANCE,
+# SCHED_LOADS, SCHED_SAT_S (scheduler stage),
 # VIDEO_STEPS (2), VIDEO_REPS (3), VIDEO_TEXT_ENCODER_LAYERS (24 = real),
 # I2V_STEPS (2), I2V_REPS (1), I2V_TRANSPORTS (grpc,system), I2V_TEXT_ENCODER_LAYERS (24 = real),
 # I2V_TRANSFORMER_LAYERS (40 = real; fewer cut only the transformer's depth: per-step time
@@ -457,10 +461,12 @@ stage_scheduler() {
     local ctrl="$WORK/control"
     mkdir -p "$ctrl"
     local modes="${SCHED_MODES:-request_batch,step:cost}"
+    local load=(--rate "${SCHED_RATE:-1.0}")
+    [[ -n "${SCHED_LOADS:-}" ]] && load=(--load-fractions "$SCHED_LOADS" --saturation-seconds "${SCHED_SAT_S:-30}")
     "$PY" perf/matched_control.py --deployment "$DEPLOYMENT" --modes "$modes" --compare "${modes##*,}" \
-        --capacity "${SCHED_CAPACITY:-16}" --rate "${SCHED_RATE:-1.0}" --num-requests "${SCHED_N:-40}" \
-        --sizes "${SCHED_SIZES:-512,768,1024}" --steps 4,30 --guidance 1.0,4.5 --seed 22 \
-        --server-timeout 300 --out-dir "$ctrl"
+        --capacity "${SCHED_CAPACITY:-16}" "${load[@]}" --num-requests "${SCHED_N:-40}" \
+        --sizes "${SCHED_SIZES:-512,768,1024}" --steps "${SCHED_STEPS:-4,30}" --guidance "${SCHED_GUIDANCE:-1.0,4.5}" \
+        --seed 22 --server-timeout 300 --out-dir "$ctrl"
     local rc=$?
     collect_control "$ctrl"
     return $rc

@@ -407,6 +407,30 @@ async def run_entries(url: str, entries: list[dict], max_concurrency: int | None
     return records, t0
 
 
+async def closed_loop(url: str, entries: list[dict], concurrency: int, seconds: float, timeout_s: float,
+                      model: str = MODEL) -> list[Record]:
+    """`concurrency` clients, each sending its next request (the next of `entries`, cycling) as
+    soon as its last one ended, for `seconds`: a saturation measurement."""
+    import tritonclient.grpc.aio as aioclient
+
+    client = aioclient.InferenceServerClient(url)
+    records: list[Record] = []
+    t0 = time.perf_counter()
+
+    async def one_client() -> None:
+        while time.perf_counter() - t0 < seconds:
+            entry = entries[len(records) % len(entries)]
+            rec = Record(len(records), shape_key(entry), time.perf_counter() - t0, None)
+            records.append(rec)
+            await one_request(client, entry, rec, t0, timeout_s, model)
+
+    try:
+        await asyncio.gather(*(one_client() for _ in range(concurrency)))
+    finally:
+        await client.close()
+    return records
+
+
 def _region_pool(url: str, entries: list[dict]):
     """An output-region pool of the kind the entries ask for (`shm`: system | cuda), or None.
     Regions are registered through a synchronous client: the pool's calls block, briefly, once

@@ -78,7 +78,13 @@ def render_repository(deployment: Path, out: Path) -> None:
 
 # ---- one mode ----------------------------------------------------------------------------
 
-def run_mode(mode: str, args, entries: list[dict], source: str, work: Path) -> dict:
+def run_mode(mode: str, args, traces: dict[str, list[dict]], source: str, work: Path,
+             saturation: dict | None = None) -> dict[str, dict]:
+    """One server for `mode`; every trace of `traces` (name -> entries) replayed on it in order.
+
+    With `saturation` (a dict to fill, `--load-fractions`), the closed-loop saturation is measured
+    on this server first and `traces` is filled from it (the first mode only; later modes replay
+    the same traces). Returns name -> loadgen report."""
     label = mode.replace(":", "-")   # step:cost -> step-cost in file names
     deployment, capacity = write_mode_deployment(Path(args.deployment).resolve(), mode, args.capacity,
                                                  work / f"deployment-{label}.toml")
@@ -91,21 +97,33 @@ def run_mode(mode: str, args, entries: list[dict], source: str, work: Path) -> d
     print(f"[matched_control] {mode}: starting tritonserver (capacity {capacity}, log {server.log_path})",
           file=sys.stderr, flush=True)
     t = time.monotonic()
-    report = None
+    reports: dict[str, dict] = {}
+    complete = False
     server.start()
     try:
         server.wait_ready(timeout_s=args.server_timeout)
         ready_s = time.monotonic() - t
         version = server_version(server.grpc_url)
-        cfg = loadgen.LoadgenConfig(
-            url=server.grpc_url, entries=entries, source=source, metrics_url=server.metrics_url,
-            max_concurrency=args.max_concurrency, warmup=args.warmup, slo_scale=args.slo_scale,
-            solo_repeats=args.solo_repeats, measure_solo=args.slo_scale > 0, server_pid=server.process.pid,
-            timeout_s=args.request_timeout, speedup=args.speedup, replays=args.replays)
-        report = asyncio.run(loadgen.run(cfg))
-        print(f"[matched_control] {mode}:\n{loadgen.format_summary(report)}", file=sys.stderr, flush=True)
+        if saturation is not None and not saturation:
+            saturation.update(measure_saturation(server.grpc_url, args, capacity))
+            traces.update(ladder_traces(args, saturation["rps"]))
+        for k, (name, entries) in enumerate(traces.items()):
+            cfg = loadgen.LoadgenConfig(
+                url=server.grpc_url, entries=entries, source=source, metrics_url=server.metrics_url,
+                max_concurrency=args.max_concurrency, warmup=args.warmup if k == 0 else 0,
+                slo_scale=args.slo_scale, solo_repeats=args.solo_repeats, measure_solo=args.slo_scale > 0,
+                server_pid=server.process.pid, timeout_s=args.request_timeout, speedup=args.speedup,
+                replays=args.replays)
+            report = asyncio.run(loadgen.run(cfg))
+            tag = f"{mode} {name}" if name else mode
+            print(f"[matched_control] {tag}:\n{loadgen.format_summary(report)}", file=sys.stderr, flush=True)
+            reports[name] = report
+            if report.get("lost") or report.get("failed_requests"):
+                break
+        complete = len(reports) == len(traces) and not any(
+            r.get("lost") or r.get("failed_requests") for r in reports.values())
     finally:
-        if report is None or report.get("lost") or report.get("failed_requests"):
+        if not complete:
             # Interrupted or incomplete: leave every stub's Python stacks in the server log.
             print(f"[matched_control] {mode}: incomplete run, stacks of {len(server.dump_stacks())} stubs -> "
                   f"{server.log_path}", file=sys.stderr, flush=True)
@@ -116,10 +134,60 @@ def run_mode(mode: str, args, entries: list[dict], source: str, work: Path) -> d
     log = Path(server.log_path).read_text(errors="replace").splitlines() if server.log_path else []
     harmless = re.compile(r"CudaDriverHelper|NVML|DCGM|pinned memory|Exit timeout expired")
     problems = [ln for ln in log if (re.match(r"^E\d{4} ", ln) or "Traceback" in ln) and not harmless.search(ln)]
-    report.update(mode=mode, capacity=capacity, server_ready_s=round(ready_s, 1), server_stop_s=round(stop_s, 1),
-                  server_version=version, server_log_errors=problems[:20],
-                  deployment_toml=deployment.read_text())
-    return report
+    for report in reports.values():
+        report.update(mode=mode, capacity=capacity, server_ready_s=round(ready_s, 1), server_stop_s=round(stop_s, 1),
+                      server_version=version, server_log_errors=problems[:20],
+                      deployment_toml=deployment.read_text())
+    return reports
+
+
+# ---- load ladder (--load-fractions) --------------------------------------------------------
+
+def measure_saturation(url: str, args, capacity: int) -> dict:
+    """Requests/s of a closed loop (`--saturation-concurrency`, default 2 x capacity, clients each
+    sending its next request when its last one ends) over the workload's shapes, or `--saturation-rps`."""
+    if args.saturation_rps:
+        return {"rps": args.saturation_rps, "source": "given (--saturation-rps)"}
+    concurrency = args.saturation_concurrency or 2 * capacity
+    entries, _ = loadgen.entries_from_args(_workload_args(args, rate=1.0, num_requests=max(64, 8 * concurrency)))
+    print(f"[matched_control] saturation: closed loop of {concurrency} clients for {args.saturation_seconds:g} s",
+          file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    records = asyncio.run(loadgen.closed_loop(url, entries, concurrency, args.saturation_seconds,
+                                              args.request_timeout))
+    wall = time.perf_counter() - t0
+    done = sum(1 for r in records if r.outcome == "completed")
+    if not done:
+        raise RuntimeError("saturation: the closed loop completed no request; see the server log")
+    rps = done / wall
+    print(f"[matched_control] saturation: {rps:.3f} req/s ({done} completed in {wall:.1f} s)", file=sys.stderr, flush=True)
+    return {"rps": round(rps, 4), "source": f"measured on the first mode's server: closed loop, {concurrency} "
+                                            f"clients for {args.saturation_seconds:g} s, {done} completed in {wall:.1f} s"}
+
+
+def ladder_traces(args, saturation_rps: float) -> dict[str, list[dict]]:
+    """One seeded Poisson trace per `--load-fractions` entry, at that fraction of saturation."""
+    traces = {}
+    for fraction in _fractions(args):
+        entries, _ = loadgen.entries_from_args(_workload_args(args, rate=fraction * saturation_rps,
+                                                              num_requests=args.num_requests))
+        traces[_load_name(fraction)] = entries
+    return traces
+
+
+def _load_name(fraction: float) -> str:
+    """load0p8 for 0.8: a name without dots, for file names."""
+    return f"load{fraction:g}".replace(".", "p")
+
+
+def _fractions(args) -> list[float]:
+    return [float(f) for f in args.load_fractions.split(",") if f.strip()]
+
+
+def _workload_args(args, rate: float | None, num_requests: int | None) -> argparse.Namespace:
+    return argparse.Namespace(trace=args.trace if rate is None else None, rate=rate, num_requests=num_requests,
+                              sizes=args.sizes, steps=args.steps, guidance=args.guidance, prompts_file=None,
+                              seed=args.seed, cancel_rate=args.cancel_rate, cancel_delay=args.cancel_delay)
 
 
 # ---- comparison --------------------------------------------------------------------------
@@ -231,11 +299,12 @@ def verdict(reports: dict[str, dict], args) -> dict:
 # ---- write-up ----------------------------------------------------------------------------
 
 def write_results(args, command: str, info: dict, reports: dict[str, dict], entries: list[dict], source: str,
-                  wall_s: float, interrupted: str | None = None) -> tuple[Path, Path]:
+                  wall_s: float, interrupted: str | None = None, load: dict | None = None) -> tuple[Path, Path]:
+    """The .md/.json pair of one trace; `load` ({"name", "fraction", "saturation"}) for a ladder step."""
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     label = args.machine or machine_label(info)
-    stem = out_dir / f"{dt.date.today().isoformat()}-{label}-matched-control"
+    stem = out_dir / f"{dt.date.today().isoformat()}-{label}-matched-control{'-' + load['name'] if load else ''}"
     v = verdict(reports, args)
     hypothesis = (f"H: step mode lowers p50 and p99 latency and time to first step (TTFS) vs request mode at equal "
                   f"throughput, under the same Poisson arrivals near saturation. Success: step p99 <= "
@@ -244,7 +313,8 @@ def write_results(args, command: str, info: dict, reports: dict[str, dict], entr
                   f"in both modes.")
     payload = {"hypothesis": hypothesis, "command": command, "machine": info, "source": source,
                "deployment_base": str(args.deployment), "modes": list(reports), "replays": args.replays,
-               "wall_s": round(wall_s, 1), "interrupted": interrupted, "verdict": v, "reports": reports, "trace": entries}
+               "wall_s": round(wall_s, 1), "interrupted": interrupted, "load": load, "verdict": v, "reports": reports,
+               "trace": entries}
     json_path = stem.with_suffix(".json")
     json_path.write_text(json.dumps(payload, indent=2) + "\n")
 
@@ -253,6 +323,10 @@ def write_results(args, command: str, info: dict, reports: dict[str, dict], entr
     cancels = sum(1 for e in entries if "cancel_after_s" in e)
     checks = "\n".join(f"| {k} | {_fmt(c['ratio'], 3)} | {'pass' if c['pass'] else 'FAIL'} |" for k, c in v["checks"].items())
     first = next(iter(reports.values()))
+    ladder_note = "" if not load else (
+        f"\nLoad ladder step `{load['name']}`: Poisson at {load['fraction']:g} x saturation {load['saturation']['rps']} "
+        f"req/s ({load['saturation']['source']}); the modes' servers each replayed every step of the ladder in "
+        f"order (warm-up before the first only).")
     solo_rows = "\n".join(
         f"| {shape} | " + " | ".join(_fmt(reports[m].get("solo_latency_ms", {}).get(shape), 1) for m in reports) + " |"
         for shape in shapes)
@@ -289,7 +363,7 @@ Workload: {source}; {len(entries)} requests over {t_span:.2f} s of arrivals (off
 `{args.deployment}` with `[engine] mode` (and `scheduler`, for step:<scheduler>) replaced, capacity {first.get('capacity')}), warm-up {args.warmup} requests,
 solo latency of every shape ({args.solo_repeats} runs each, median), then the trace replayed {args.replays} time(s)
 back to back (statistics pooled). SLO = {args.slo_scale:g} x the solo latency of the request's shape measured on the
-same server. Total wall time {wall_s:.0f} s.
+same server. Total wall time {wall_s:.0f} s.{ladder_note}
 
 ## Machine
 - uname: {info['uname']}
@@ -345,6 +419,13 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--cancel-rate", type=float, default=0.0)
     src.add_argument("--cancel-delay", default="0.05:0.5")
     src.add_argument("--speedup", type=float, default=1.0)
+    src.add_argument("--load-fractions", default=None,
+                     help="load ladder, e.g. 0.5,0.8,0.95: measure saturation on the first mode's server, then "
+                          "one Poisson trace (--num-requests, --sizes, --steps, --guidance, --seed) per fraction "
+                          "of it, every mode replaying every trace on one server; one result pair per fraction")
+    src.add_argument("--saturation-rps", type=float, default=None, help="with --load-fractions: skip measuring")
+    src.add_argument("--saturation-seconds", type=float, default=30.0)
+    src.add_argument("--saturation-concurrency", type=int, default=None, help="default 2 x capacity")
     lg = p.add_argument_group("load generator")
     lg.add_argument("--replays", type=int, default=1, help="replay the trace this many times per mode, pooled")
     lg.add_argument("--warmup", type=int, default=4)
@@ -368,15 +449,18 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     command = " ".join(shlex.quote(a) for a in ["python", "perf/matched_control.py", *argv])
-    if args.rate is None and not args.trace:
+    if args.rate is None and not args.trace and not args.load_fractions:
         args.trace = DEFAULT_TRACE
     if args.trace and not Path(args.trace).is_absolute():
         args.trace = str(ROOT / args.trace) if not Path(args.trace).exists() else args.trace
-    lg_args = argparse.Namespace(trace=args.trace if args.rate is None else None, rate=args.rate,
-                                 num_requests=args.num_requests, sizes=args.sizes, steps=args.steps,
-                                 guidance=args.guidance, prompts_file=None, seed=args.seed,
-                                 cancel_rate=args.cancel_rate, cancel_delay=args.cancel_delay)
-    entries, source = loadgen.entries_from_args(lg_args)
+    if args.load_fractions and args.trace:
+        raise SystemExit("--load-fractions draws Poisson traces from --sizes/--steps/--guidance; drop --trace")
+    if args.load_fractions:
+        traces, source = {}, (f"poisson at {args.load_fractions} x saturation n={args.num_requests} sizes={args.sizes} "
+                              f"steps={args.steps} guidance={args.guidance} seed={args.seed}")
+    else:
+        entries, source = loadgen.entries_from_args(_workload_args(args, args.rate, args.num_requests))
+        traces = {"": entries}
     if args.trace and args.rate is None:
         source = source.replace(str(ROOT) + "/", "")
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -389,30 +473,52 @@ def main(argv: list[str] | None = None) -> int:
 
     work = Path(tempfile.mkdtemp(prefix="matched_control."))
     t0 = time.monotonic()
-    reports: dict[str, dict] = {}
+    by_mode: dict[str, dict[str, dict]] = {}     # mode -> trace name -> report
+    saturation: dict | None = {} if args.load_fractions else None
     ok, interrupted = False, None
     try:
         for mode in modes:
-            reports[mode] = run_mode(mode, args, entries, source, work)
+            by_mode[mode] = run_mode(mode, args, traces, source, work, saturation)
         ok = True
     except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, a caller's deadline: keep what finished
-        interrupted = f"interrupted ({exc or 'SIGINT'}) after modes: {', '.join(reports) or 'none'}"
+        interrupted = f"interrupted ({exc or 'SIGINT'}) after modes: {', '.join(by_mode) or 'none'}"
         print(f"[matched_control] {interrupted}", file=sys.stderr)
     finally:
         if args.keep_workdir or not ok:
             print(f"[matched_control] scratch kept in {work}", file=sys.stderr)
         else:
             shutil.rmtree(work, ignore_errors=True)
-    if not reports:
+    if not any(by_mode.values()):
         return 130
-    info = machine_info(next((r.get("server_version") for r in reports.values() if r.get("server_version")), None))
-    md, js = write_results(args, command, info, reports, entries, source, time.monotonic() - t0, interrupted)
-    v = verdict(reports, args)
-    print(f"[matched_control] verdict: {v['text']}", file=sys.stderr)
-    print(f"[matched_control] wrote {md.relative_to(ROOT) if md.is_relative_to(ROOT) else md} and {js.name}",
-          file=sys.stderr)
-    clean = all(r.get("lost") == 0 and r.get("duplicated") == 0 for r in reports.values())
+    info = machine_info(next((r.get("server_version") for reps in by_mode.values() for r in reps.values()
+                              if r.get("server_version")), None))
+    wall_s = time.monotonic() - t0
+    clean = True
+    for name, entries in traces.items():
+        reports = {mode: reps[name] for mode, reps in by_mode.items() if name in reps}
+        if not reports:
+            continue
+        fraction = {_load_name(f): f for f in _fractions(args)}.get(name) if name else None
+        load = None if not name else {"name": name, "fraction": fraction, "saturation": saturation}
+        md, js = write_results(args, command, info, reports, entries, source, wall_s, interrupted, load)
+        v = verdict(reports, args)
+        print(f"[matched_control] {name + ': ' if name else ''}verdict: {v['text']}", file=sys.stderr)
+        print(f"[matched_control] wrote {md.relative_to(ROOT) if md.is_relative_to(ROOT) else md} and {js.name}",
+              file=sys.stderr)
+        clean = clean and all(r.get("lost") == 0 and r.get("duplicated") == 0 for r in reports.values())
+    if saturation:
+        print_ladder(by_mode, saturation)
     return 130 if interrupted else (0 if clean else 1)
+
+
+def print_ladder(by_mode: dict[str, dict[str, dict]], saturation: dict) -> None:
+    """One line per (load, mode): the numbers issue 22's summary JSON holds."""
+    print(f"[matched_control] ladder at saturation {saturation['rps']} req/s ({saturation['source']}):", file=sys.stderr)
+    for mode, reps in by_mode.items():
+        for name, r in reps.items():
+            print(f"[matched_control]   {name} {mode}: {_fmt(r.get('request_throughput'), 3)} req/s, p50 "
+                  f"{_fmt(r.get('p50_e2el_ms'), 1)} ms, p99 {_fmt(r.get('p99_e2el_ms'), 1)} ms, TTFS p50 "
+                  f"{_fmt(r.get('p50_ttfs_ms'), 1)} ms", file=sys.stderr)
 
 
 if __name__ == "__main__":

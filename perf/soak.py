@@ -268,29 +268,6 @@ class Workload:
         return entries
 
 
-async def closed_loop(url: str, entries: list[dict], concurrency: int, seconds: float, timeout_s: float,
-                      model: str) -> list:
-    """`concurrency` clients, each sending its next request as soon as its last one ended, for `seconds`."""
-    import tritonclient.grpc.aio as aioclient
-
-    client = aioclient.InferenceServerClient(url)
-    records: list = []
-    t0 = time.perf_counter()
-
-    async def one_client() -> None:
-        while time.perf_counter() - t0 < seconds:
-            entry = entries[len(records) % len(entries)]
-            rec = loadgen.Record(len(records), loadgen.shape_key(entry), time.perf_counter() - t0, None)
-            records.append(rec)
-            await loadgen.one_request(client, entry, rec, t0, timeout_s, model)
-
-    try:
-        await asyncio.gather(*(one_client() for _ in range(concurrency)))
-    finally:
-        await client.close()
-    return records
-
-
 # ---- one soak ----------------------------------------------------------------------------
 
 class Soak:
@@ -397,8 +374,8 @@ class Soak:
         entries = [{**e, "t": 0.0} for e in self.workload.plain(max(64, conc * 8), 1.0, seed=-3)]
 
         def send(entries: list[dict]) -> list:
-            return asyncio.run(closed_loop(self.server.grpc_url, entries, conc, a.saturation_seconds,
-                                           a.request_timeout, self.model))
+            return asyncio.run(loadgen.closed_loop(self.server.grpc_url, entries, conc, a.saturation_seconds,
+                                                   a.request_timeout, self.model))
 
         phase = self.run_phase("saturation", entries, send)
         rps = phase["request_throughput"]

@@ -102,3 +102,21 @@ def test_matched_control_mode_can_name_a_step_scheduler(tmp_path):
     assert (engine.mode, engine.scheduler) == ("step", "cost")
     with pytest.raises(SystemExit, match="step:<scheduler>"):
         matched_control.write_mode_deployment(base, "step:fast", None, tmp_path / "bad.toml")
+
+
+def test_load_ladder_draws_one_trace_per_fraction_of_saturation():
+    # The ladder replays the same traces in every mode: same seed, rate = fraction x saturation.
+    sys.path.insert(0, str(ROOT / "perf"))
+    import matched_control
+    args = matched_control.build_parser().parse_args(
+        ["--load-fractions", "0.5,0.95", "--num-requests", "400", "--sizes", "64", "--steps", "4,12", "--seed", "5"])
+    traces = matched_control.ladder_traces(args, saturation_rps=10.0)
+    assert list(traces) == ["load0p5", "load0p95"]        # no dots: they end up in file names
+    for name, fraction in (("load0p5", 0.5), ("load0p95", 0.95)):
+        entries = traces[name]
+        assert len(entries) == 400
+        offered = len(entries) / max(e["t"] for e in entries)
+        assert abs(offered - 10.0 * fraction) / (10.0 * fraction) < 0.15
+    assert traces == matched_control.ladder_traces(args, saturation_rps=10.0)   # seeded
+    with pytest.raises(SystemExit, match="drop --trace"):
+        matched_control.main(["--load-fractions", "0.5", "--trace", "perf/traces/tiny_mixed_v1.jsonl"])
