@@ -9,7 +9,9 @@ synchronised calls), written to FILE after every row so that a cut run still rep
   forward        the transformer at (size, rows): eager; eager kernels in a CUDA graph;
                  torch.compile with static shapes; that in a CUDA graph; torch.compile mode
                  reduce-overhead with a dynamic batch dim (what [accel] cuda_graphs did on
-                 2026-12-01); FP8 (torchao) compiled in a graph, if torchao imports
+                 2026-12-01); FP8 (ditserve/fp8.py) eager, compiled and compiled in a graph
+                 (`--only forward1024x2,compile1024x2,fp8_1024x2,forward1024x8,compile1024x8,fp8_1024x8`
+                 for the bf16-vs-FP8 rows alone, ~4 min)
   vae / text     the VAE decode and the T5 encoder, eager vs compiled
 Rows run in priority order and stop at the deadline (compiles take 10-70 s each).
 """
@@ -231,17 +233,23 @@ def main() -> int:
         record(name="text_encoder", compile_s=compile_s, eager_ms=eager, compiled_ms=fast,
                speedup=round(eager / fast, 3))
 
-    # 7. FP8 (torchao, per-row dynamic) compiled with static shapes, in a graph: 1024 x 2 rows
-    if (1024, 2) in eager_ms and wanted("fp8_1024x2", 150):
-        try:
-            from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
-        except ImportError as exc:
-            record(name="fp8_1024x2", skipped=f"torchao: {exc}")
-        else:
-            quantize_(transformer, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()))
-            fp8 = torch.compile(forward, dynamic=False)
-            record(name="fp8_1024x2", **compiled_and_graphed(fp8, inputs(1024, 2), references[(1024, 2)],
-                                                             eager_ms[(1024, 2)], args.iters))
+    # 7. FP8 ([accel] fp8 = true, ditserve/fp8.py: e4m3 weights and activations with per-row
+    #    scales, torch._scaled_mm): eager, then compiled with static shapes and in a CUDA graph.
+    #    Last, because it replaces the transformer's linear layers in place.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "backends"))
+    from ditserve.fp8 import apply_fp8
+    fp8_compiled, replaced = torch.compile(forward, dynamic=False), 0
+    for size, rows in [(1024, 2), (1024, 8), (512, 16)]:
+        name = f"fp8_{size}x{rows}"
+        if (size, rows) not in eager_ms or not wanted(name, 120):
+            continue
+        replaced = replaced or apply_fp8(transformer)
+        x = inputs(size, rows)
+        with torch.no_grad():
+            fp8_eager_ms = timed(lambda: forward(*x), args.iters)
+            fp8_eager_err = rel_rms(forward(*x), references[(size, rows)])
+        record(name=name, linears_fp8=replaced, fp8_eager_ms=fp8_eager_ms, fp8_eager_rel_rms=fp8_eager_err,
+               **compiled_and_graphed(fp8_compiled, x, references[(size, rows)], eager_ms[(size, rows)], args.iters))
     return 0
 
 

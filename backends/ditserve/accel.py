@@ -1,4 +1,4 @@
-"""Faster forwards: torch.compile, CUDA graphs per row bucket, FP8 (the deployment's [accel]).
+"""Faster forwards: torch.compile, CUDA graphs per row bucket (the deployment's [accel]; FP8 in fp8.py).
 
 A step batch holds 1..capacity requests of 1-2 rows each (CFG), so the transformer meets
 many batch sizes. Compiling or capturing each size would stall requests, so, as LLM servers
@@ -244,17 +244,3 @@ def warming(runner: WarmCompiled | None, report: WarmupReport, variant: str) -> 
     report.variants.append(variant)
     with _measure(report), runner.warming():
         yield
-
-
-def apply_fp8(module: torch.nn.Module) -> None:
-    """The module's linear layers in FP8: per-row dynamic activation and weight scales (torchao)."""
-    device = next(module.parameters()).device
-    if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
-        raise ValueError("deployment [accel] fp8 = true needs a CUDA GPU with FP8 tensor cores (compute "
-                         f"capability >= 8.9, e.g. H100/H200/L40S); the transformer is on {device}")
-    try:
-        from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
-    except ImportError as exc:
-        raise ValueError("deployment [accel] fp8 = true needs torchao: `pip install torchao` in the server's "
-                         f"environment ({exc})") from exc
-    quantize_(module, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()))

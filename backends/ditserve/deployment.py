@@ -132,7 +132,8 @@ class AccelSection:
     compile_cache    inductor's cache directory (keep it on a volume: restarts then skip most
                  of the compile); "" = torch's default under /tmp
     vae_decode, text_encoder  eager | compile, for those stages' forwards (warmed for warm_sizes)
-    fp8          the transformer's linear layers in FP8 (torchao, per-row dynamic activations)
+    fp8          the linear layers of the transformer's blocks in FP8 e4m3 (ditserve/fp8.py: per-row
+                 weight and dynamic activation scales, torch._scaled_mm); needs FP8 tensor cores on a GPU
     scheduler_step  batched (default): a step batch's scheduler steps run as one set of tensor
                  ops where ditserve/batched_step.py covers the scheduler (bit-identical to
                  diffusers' per-request `step` on CPU); per_request: each request's own

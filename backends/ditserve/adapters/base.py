@@ -31,7 +31,8 @@ from typing import Callable, ClassVar
 import torch
 from diffusers.utils.torch_utils import randn_tensor
 
-from ..accel import TransformerRunner, WarmCompiled, WarmupReport, apply_fp8, warm_attribute, warming
+from ..accel import TransformerRunner, WarmCompiled, WarmupReport, warm_attribute, warming
+from ..fp8 import apply_fp8
 from ..batched_step import BatchedSolver, solver_for, warn_fallback
 from ..cache import RowCache, first_block_cache
 from ..deployment import Deployment
