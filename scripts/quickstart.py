@@ -12,7 +12,6 @@ outputs/quickstart-server.log.
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 from pathlib import Path
 
@@ -21,7 +20,7 @@ sys.path.insert(0, str(ROOT / "backends"))
 sys.path.insert(0, str(ROOT / "scripts"))
 import generate  # noqa: E402
 from ditserve.deployment import load_deployment  # noqa: E402
-from ditserve.launcher import ServerOptions, TritonServer  # noqa: E402
+from ditserve.launcher import ServerOptions, TritonServer, stop_servers_on_signals  # noqa: E402
 from render_repository import render  # noqa: E402
 
 DEPLOYMENT = ROOT / "configs" / "tiny-pixart-shapes.toml"
@@ -37,9 +36,8 @@ def main() -> int:
     outputs.mkdir(exist_ok=True)
     repo, log = outputs / "quickstart-repo", outputs / "quickstart-server.log"
     render(ROOT / "model_repository", repo, load_deployment(DEPLOYMENT))
-    # The server runs in its own session: a SIGTERM (e.g. `timeout`) must unwind the `with`
-    # below, which stops it, instead of killing this process and leaving the server behind.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # The server runs in its own session: a SIGTERM (e.g. `timeout`) must stop it too.
+    stop_servers_on_signals()
     print(f"[quickstart] starting tritonserver on {DEPLOYMENT.relative_to(ROOT)} (log: {log})", file=sys.stderr,
           flush=True)
     with TritonServer(ServerOptions(model_repository=repo, deployment=str(DEPLOYMENT)), log_path=log) as server:

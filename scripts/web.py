@@ -12,7 +12,6 @@ The repository is rendered for the deployment into outputs/web-repo (unless
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import time
 from pathlib import Path
@@ -22,7 +21,7 @@ sys.path.insert(0, str(ROOT / "backends"))
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 from ditserve.deployment import load_deployment  # noqa: E402
-from ditserve.launcher import ServerOptions, TritonServer  # noqa: E402
+from ditserve.launcher import ServerOptions, TritonServer, stop_servers_on_signals  # noqa: E402
 from frontend.launcher import FrontendProcess  # noqa: E402
 from render_repository import render  # noqa: E402
 
@@ -49,12 +48,12 @@ def main(argv: list[str] | None = None) -> int:
     options = ServerOptions(repository, grpc_port=args.grpc_port, deployment=str(args.deployment))
     print(f"[web] starting tritonserver on {args.deployment} (log: {logs / 'web-server.log'})", file=sys.stderr,
           flush=True)
+    stop_servers_on_signals()   # SIGTERM stops both as Ctrl-C does, the server even while it loads
     with TritonServer(options, log_path=logs / "web-server.log") as server:
         server.wait_ready(timeout_s=600, progress=True)
         with FrontendProcess(server.grpc_url, args.port, args.frontend_args, log_path=logs / "web-frontend.log") as fe:
             print(f"\n[web] ready: open {fe.url}/  (OpenAI base_url {fe.url}/v1; Ctrl-C stops)", file=sys.stderr,
                   flush=True)
-            signal.signal(signal.SIGTERM, signal.default_int_handler)   # stop as on Ctrl-C
             try:
                 while server.process.poll() is None and fe.process.poll() is None:
                     time.sleep(0.5)

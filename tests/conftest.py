@@ -15,7 +15,7 @@ sys.path.insert(0, str(ROOT / "backends"))
 sys.path.insert(0, str(ROOT))   # frontend/, a client of the server
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from ditserve.launcher import ServerOptions, TritonServer, free_ports  # noqa: E402
+from ditserve.launcher import ServerOptions, TritonServer, free_ports, stop_servers_on_signals  # noqa: E402
 
 TINY_PIXART = ROOT / "models" / "tiny-pixart-sigma"
 TINY_WAN = ROOT / "models" / "tiny-wan-t2v"
@@ -32,6 +32,12 @@ TINY_WAN22 = ROOT / "models" / "tiny-wan22"
 WAN22_DEPLOYMENT = ROOT / "configs" / "tiny-wan22.toml"
 TINY_QWEN = ROOT / "models" / "tiny-qwen-image"
 QWEN_DEPLOYMENT = ROOT / "configs" / "tiny-qwen-image.toml"
+
+
+def pytest_configure(config) -> None:
+    # The servers run in their own sessions: a SIGTERM or SIGINT to pytest must stop them too,
+    # or a killed run leaves them (and ~2 GB of stubs each) behind.
+    stop_servers_on_signals()
 
 
 def start_server(tmp_dir: Path, name: str, **options) -> TritonServer:

@@ -1,5 +1,6 @@
 """`scripts/serve.py` runs in the foreground and Ctrl-C (SIGINT) stops it cleanly:
-no orphaned Python stubs, no leftover /dev/shm regions."""
+no orphaned Python stubs, no leftover /dev/shm regions. A pytest session killed with SIGTERM or
+SIGINT stops the servers it started too (tests/conftest.py)."""
 from __future__ import annotations
 
 import os
@@ -10,6 +11,8 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+import pytest
 
 from conftest import ROOT
 from ditserve.launcher import free_ports
@@ -94,3 +97,53 @@ def test_dump_stacks_writes_every_stubs_python_stacks_to_the_log(server):
         time.sleep(0.2)
     assert log.count("most recent call first") >= len(pids), server.log_tail(60)
     assert urllib.request.urlopen(f"http://{server.http_url}/v2/health/ready", timeout=5).status == 200
+
+
+# A pytest run of its own, with tests/conftest.py as its plugin: its one test starts a server on
+# an empty repository (ready in about a second) through conftest's helper, then waits to be killed.
+_KILLED_SESSION = '''
+import os, time
+from pathlib import Path
+from conftest import start_server
+
+def test_serve_until_killed(tmp_path):
+    (tmp_path / "empty").mkdir()
+    server = start_server(tmp_path, "empty", model_repository=tmp_path / "empty")
+    Path(os.environ["SERVER_PID_FILE"]).write_text(str(server.process.pid))
+    time.sleep(120)
+'''
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_killed_pytest_stops_the_servers_it_started(tmp_path, sig):
+    """SIGTERM (`timeout`, a cancelled CI job) or SIGINT to pytest stops the servers it started;
+    they run in their own sessions, so the signal alone never reaches them
+    (launcher.stop_servers_on_signals)."""
+    (tmp_path / "test_killed.py").write_text(_KILLED_SESSION)
+    pid_file = tmp_path / "server.pid"
+    env = {**os.environ, "SERVER_PID_FILE": str(pid_file),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "tests"), os.environ.get("PYTHONPATH")]))}
+    child = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "conftest", "-p", "no:cacheprovider",
+                              "test_killed.py"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    server_pid = None
+    try:
+        deadline = time.monotonic() + 60
+        while not (pid_file.exists() and pid_file.read_text()):
+            assert child.poll() is None, child.stdout.read()
+            assert time.monotonic() < deadline, "the child's server did not start"
+            time.sleep(0.1)
+        server_pid = int(pid_file.read_text())
+        assert _alive(server_pid)
+        child.send_signal(sig)
+        output = child.communicate(timeout=30)[0]
+        deadline = time.monotonic() + 5
+        while _alive(server_pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(server_pid), f"tritonserver {server_pid} outlived the killed pytest:\n{output}"
+        assert "KeyboardInterrupt" in output, output
+    finally:
+        if child.poll() is None:
+            child.kill()
+        if server_pid is not None and _alive(server_pid):
+            os.killpg(server_pid, signal.SIGKILL)

@@ -7,6 +7,7 @@ Python. The wheel ships the stubs separately, so we assemble a backend directory
 """
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import signal
@@ -136,6 +137,10 @@ class ServerOptions:
     extra_args: list[str] = field(default_factory=list)
 
 
+# Servers this process started and has not reaped yet: what stop_servers_on_signals() stops.
+_RUNNING: list["TritonServer"] = []
+
+
 class TritonServer:
     """A tritonserver child process with readiness wait and clean shutdown."""
 
@@ -179,6 +184,8 @@ class TritonServer:
             self.command(), env=server_env(self.options.deployment), stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+        if self not in _RUNNING:
+            _RUNNING.append(self)
         return self
 
     def wait_ready(self, timeout_s: float = 180.0, progress: bool = False) -> None:
@@ -247,17 +254,43 @@ class TritonServer:
 
     def stop(self, timeout_s: float = 90.0) -> None:
         """SIGINT lets Triton unload models and reap its stubs; SIGKILL the group as a last resort."""
-        if not self.process or self.process.poll() is not None:
-            return
-        self.request_stop()
-        try:
-            self.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            self.process.wait()
+        if self.process and self.process.poll() is None:
+            self.request_stop()
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                self.process.wait()
+        if self in _RUNNING:
+            _RUNNING.remove(self)
 
     def __enter__(self) -> "TritonServer":
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def stop_servers_on_signals() -> None:
+    """SIGTERM and SIGINT ask every server this process started to stop at once, then unwind the
+    main thread as Ctrl-C does (KeyboardInterrupt); at exit the servers are reaped.
+
+    A server runs in its own session (a terminal's Ctrl-C must not kill it mid-unload), so no
+    signal to this process reaches it: without this, a killed parent (`timeout`, `kill`, a CI
+    cancel) leaves its servers and their stubs running. Call it once, from the main thread."""
+    def interrupt(signum, _frame):
+        for server in list(_RUNNING):
+            server.request_stop()   # never waits: the servers unload while this process unwinds
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, interrupt)
+    atexit.unregister(_stop_all)   # once, however often this is called
+    atexit.register(_stop_all)
+
+
+def _stop_all() -> None:
+    for server in list(_RUNNING):
+        server.request_stop()       # all unload at once, then each is reaped
+    for server in list(_RUNNING):
+        server.stop()
