@@ -51,6 +51,7 @@ class VideoForm:
     fps: int | None = Form(None)
     num_inference_steps: int | None = Form(None)
     guidance_scale: float | None = Form(None)
+    guidance_scale_2: float | None = Form(None)   # Wan2.2 A14B: the low-noise expert's; other models refuse it
     seed: int | None = Form(None, ge=0)
     negative_prompt: str | None = Form(None)
     quality: str | None = Form(None)       # the deployment's cache tier (docs/cache.md); `auto`: its default
@@ -66,7 +67,8 @@ class VideoForm:
         image = await _read_image(self.input_reference) if self.input_reference else None
         return self.model, GenerationRequest(self.prompt, self.negative_prompt, height, width,
                                              self.num_inference_steps, self.guidance_scale, self.seed, frames,
-                                             self.fps, "mp4", image, cache_tier(self.quality))
+                                             self.fps, "mp4", image, cache_tier(self.quality),
+                                             self.guidance_scale_2)
 
     def seconds_text(self, request: GenerationRequest) -> str:
         if request.num_frames and request.fps:

@@ -17,6 +17,7 @@ import json
 import re
 import shutil
 import time
+from dataclasses import replace
 
 import numpy as np
 import openai
@@ -135,9 +136,10 @@ def test_stream_of_n_images_reports_each_by_index(client):
         assert [e.type for e in mine] == ["image_generation.progress"] * 3 + ["image_generation.completed"]
 
 
-def server_message(server, **inputs) -> str:
+def server_message(server, task: str = "txt2img", **inputs) -> str:
+    """The message Triton itself answers a request with these inputs."""
     with pytest.raises(InferenceServerException) as exc:
-        triton_media(server, "txt2img", GenerationRequest("a cat", **inputs))
+        triton_media(server, task, GenerationRequest("a cat", **inputs))
     return exc.value.message()
 
 
@@ -237,6 +239,7 @@ def test_the_command_line_defaults_face_no_one(monkeypatch):
     ({"style": "vivid"}, 400, "style"),
     ({"response_format": "jpeg"}, 400, "response_format"),
     ({"extra_body": {"num_inference_steps": "many"}}, 400, "num_inference_steps"),
+    ({"extra_body": {"guidance_scale_2": 2.0}}, 400, "guidance_scale_2"),   # a video-only input (Wan2.2 A14B)
     ({"model": "dall-e-3"}, 404, "model"),
 ])
 def test_front_end_checks_get_openai_error_bodies(client, kwargs, status, param):
@@ -440,12 +443,54 @@ def test_video_errors_are_openai_errors(video_client, video_frontend):
     error = json.loads(body)["error"]
     assert status == 400 and error["param"] == "quality"
     assert error["message"].endswith("allowed: ['lossless', 'balanced', 'fast']")
+    # Wan2.1 has one transformer, so its models do not declare `guidance_scale_2`: Triton refuses it by name.
+    status, _, body = call(video_frontend.url, "POST", "/v1/videos/sync", form_body({"prompt": "waves",
+                           "guidance_scale_2": "2"}), FORM, key=None)
+    error = json.loads(body)["error"]
+    assert status == 400 and error["param"] == "guidance_scale_2", error
+    assert error["message"].startswith("unexpected inference input 'guidance_scale_2' for model 'txt2vid_stream'")
     with pytest.raises(openai.BadRequestError) as exc:   # txt2vid takes no image: checked before the job starts
         video_client.videos.create(prompt="waves", model="txt2vid",
                                    input_reference=("in.png", _png_bytes(), "image/png"))
     assert exc.value.body["param"] == "input_reference"
     with pytest.raises(openai.NotFoundError):
         video_client.videos.retrieve("video_nonexistent")
+
+
+@pytest.fixture(scope="module")
+def wan22_frontend(wan22_server, tmp_path_factory):
+    fe = start_frontend(wan22_server.grpc_url, tmp_path_factory, "wan22-frontend")
+    yield fe
+    fe.stop()
+
+
+def test_guidance_scale_2_reaches_the_low_noise_expert(wan22_frontend, wan22_server):
+    """Wan2.2 A14B's `guidance_scale_2` goes to Triton as sent: the job's MP4 is the one Triton makes
+    with it (and not the one without it, where `guidance_scale` guides both experts)."""
+    sdk = openai.OpenAI(base_url=wan22_frontend.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    request = GenerationRequest("a red kite", height=64, width=64, num_frames=5, seed=5, num_inference_steps=6,
+                                guidance_scale=4.0, output_format="mp4")
+    job = sdk.videos.create(prompt=request.prompt, size="64x64", extra_body={
+        "num_frames": 5, "seed": 5, "num_inference_steps": 6, "guidance_scale": 4.0, "guidance_scale_2": 1.5})
+    wait_for_job(sdk, job.id, "completed")
+    mp4 = sdk.videos.download_content(job.id).read()
+    assert mp4 == triton_media(wan22_server, "txt2vid", replace(request, guidance_scale_2=1.5)).video_mp4
+    assert mp4 != triton_media(wan22_server, "txt2vid", request).video_mp4, "guidance_scale_2 changed nothing"
+
+
+@pytest.mark.parametrize("fields, words", [
+    ({"guidance_scale_2": "31"}, ["allowed [0.0, 30.0]"]),
+    ({"guidance_scale": "1", "guidance_scale_2": "3"}, ["guidance_scale > 1"]),
+    ({"guidance_scale_2": "nan"}, ["finite", "[0, 30.0]"]),
+])
+def test_a_bad_guidance_scale_2_is_the_servers_400_naming_it(wan22_frontend, wan22_server, fields, words):
+    status, _, body = call(wan22_frontend.url, "POST", "/v1/videos/sync", form_body({"prompt": "a cat", **fields}),
+                           FORM, key=None)
+    error = json.loads(body)["error"]
+    assert status == 400 and error["param"] == "guidance_scale_2", error
+    inputs = {name: float(value) for name, value in fields.items()}
+    assert error["message"] == server_message(wan22_server, "txt2vid", **inputs)
+    assert all(word in error["message"] for word in words), error["message"]
 
 
 def _png_bytes(width: int = 40, height: int = 56) -> bytes:
