@@ -44,6 +44,11 @@ rules = [
   { point = "decode", action = "nan", height = 80 },
   { point = "output", action = "raise", marker = "#output-raise" },
 ]
+
+# The stages warm their request paths at 48x48, the height whose decode raises: the warm-up injects
+# no faults, or vae_decode would fail to load.
+[accel]
+warm_sizes = ["48x48"]
 """
 
 

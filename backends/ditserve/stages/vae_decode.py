@@ -33,14 +33,14 @@ class VaeDecodeStage:
         self.deployment = stage_deployment(model_config)
         self.adapter = adapter_for(self.deployment.model.family)(self.deployment, "vae_decode", instance_device(args))
         self.accel_metrics = warm_up(self.adapter, args["model_name"])
-        self.faults = FaultInjector()   # off while the request path warms up
-        warm_request_path(args["model_name"], self._warm_request_path)
         self.faults = injector(self.deployment, "vae_decode")
+        warm_request_path(args["model_name"], self._warm_request_path)
 
     def _warm_request_path(self) -> None:
-        """A decode through the batch path (media to the host, response) per warm size."""
+        """A decode through the batch path (media to the host, response) per warm size, with no
+        faults injected: the deployment's faults are for requests."""
         for params in warm_requests(self.adapter):
-            self._decode_batch([(0, torch.zeros(self.adapter.latent_shape(params)))], [None])
+            self._decode_batch([(0, torch.zeros(self.adapter.latent_shape(params)))], [None], FaultInjector())
 
     def execute(self, requests):
         responses: list = [None] * len(requests)
@@ -70,13 +70,13 @@ class VaeDecodeStage:
         def fail(item, exc: Exception) -> None:
             responses[item[0]] = error_response(f"decode failed: {type(exc).__name__}: {exc}")
 
-        isolating_failures(items, lambda batch: self._decode_batch(batch, responses), fail)
+        isolating_failures(items, lambda batch: self._decode_batch(batch, responses, self.faults), fail)
 
-    def _decode_batch(self, items: list, responses: list) -> None:
+    def _decode_batch(self, items: list, responses: list, faults: FaultInjector) -> None:
         if not items:
             return
         rows = [Subject(height=self.adapter.media_height(lat)) for _, lat in items for _ in range(lat.shape[0])]
-        latents = self.faults.at("decode", rows, torch.cat([lat for _, lat in items]))
+        latents = faults.at("decode", rows, torch.cat([lat for _, lat in items]))
         media, finite = self.adapter.decode(latents)
         if self.deployment.engine.media_on_host:
             media = media.cpu()
