@@ -15,7 +15,7 @@ The output is a normal diffusers folder (`PixArtSigmaPipeline.from_pretrained`),
 evaluated with that pipeline on scripts/shapes_dataset.eval_prompts() (held-out
 combinations included); samples and scores go to --report.
 
-    python scripts/train_tiny.py --out models/tiny-pixart-shapes --report outputs/train  # H200: ~5 min + eval
+    python scripts/train_tiny.py --out models/tiny-pixart-shapes --report outputs/train  # H200: 8 min + eval
     python scripts/train_tiny.py --out /tmp/x --vae-steps 20 --dit-steps 20 --batch 16     # CPU smoke run
     python scripts/train_tiny.py --out models/tiny-pixart-shapes --report outputs/eval --evaluate-only
 
@@ -303,9 +303,10 @@ def parse_args(argv: list[str] | None) -> TrainConfig:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--batch", type=int, default=1024)
-    p.add_argument("--vae-steps", type=int, default=306)
-    p.add_argument("--dit-steps", type=int, default=2488)
-    p.add_argument("--max-minutes", type=float, default=10.0, help="wall-clock budget for both stages")
+    p.add_argument("--vae-steps", type=int, default=767)
+    p.add_argument("--dit-steps", type=int, default=4179)
+    p.add_argument("--max-minutes", type=float, default=8.5,
+                   help="wall-clock cap for both stages (the default leaves the step counts binding on an H200)")
     p.add_argument("--vae-share", type=float, default=0.2, help="fraction of --max-minutes for the VAE")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--ema-decay", type=float, default=0.999)

@@ -6,8 +6,9 @@ held-out ones, canonical phrasing) at the deployment's defaults (64x64, 20 steps
 4.5), one fixed seed each. A picture counts when its border has the asked background colour
 and the pixels at its shape's centre of mass the asked shape colour (shapes_dataset.measure).
 The bar is 90 % over all prompts, as the issue asks, and 7 of the 9 held-out prompts on their
-own. Measured here: 24/24, held-out 9/9; random weights score 0. Which shape was drawn is
-measured and printed but not asserted: the shipped weights draw blobs (docs/tiny-model.md).
+own. Measured here: 24/24, held-out 9/9; random weights score 0. Which shape was drawn
+(shapes_dataset.measure: bounding-box fill) is asserted too, at 18/24: the shipped weights
+(run 3) draw 21/24; run 2's, which drew blobs, drew 13/24, and chance is a third.
 
 Parity tolerance as in tests/test_txt2img.py: max |served - diffusers| <= 1 uint8 level.
 """
@@ -35,16 +36,17 @@ def served(shapes_server) -> dict[tuple[str, str, str], np.ndarray]:
                 for i, combo in enumerate(shapes.eval_prompts())}
 
 
-def test_served_pictures_show_the_asked_colours(served):
+def test_served_pictures_show_the_asked_colours_and_shapes(served):
     combos = list(served)
     held_out = [combo for combo in combos if combo in shapes.HELD_OUT]
     every = shapes.score([served[c] for c in combos], combos)
     unseen = shapes.score([served[c] for c in held_out], held_out)
     print(f"colours right: {every.colours:.0%} of {every.n} ({unseen.colours:.0%} of {unseen.n} held-out); "
-          f"shape right: {every.shapes:.0%}")
+          f"shape right: {every.shapes:.0%} ({unseen.shapes:.0%} held-out)")
     assert every.n == 24 and unseen.n == 9
     assert every.colours >= 0.9
     assert unseen.colours >= 7 / 9
+    assert every.shapes >= 18 / 24
 
 
 @pytest.mark.parametrize("combo, template", [
