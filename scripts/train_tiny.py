@@ -310,7 +310,7 @@ def parse_args(argv: list[str] | None) -> TrainConfig:
     p.add_argument("--vae-share", type=float, default=0.2, help="fraction of --max-minutes for the VAE")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--ema-decay", type=float, default=0.999)
-    p.add_argument("--eval-seeds", type=int, default=4, help="seeds per evaluation prompt (0: no evaluation)")
+    p.add_argument("--eval-seeds", type=int, default=2, help="seeds per evaluation prompt (0: no evaluation; 2 keeps training + evaluation inside one 10-minute device call)")
     p.add_argument("--evaluate-only", action="store_true", help="skip training: evaluate the folder at --out")
     return TrainConfig(**{k.replace("-", "_"): v for k, v in vars(p.parse_args(argv)).items()})
 
