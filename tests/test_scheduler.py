@@ -80,19 +80,57 @@ def test_short_requests_join_a_long_running_batch_first():
     assert "r3" in chosen and len(chosen) < 4
 
 
-def test_groups_are_scheduled_separately():
-    mixed = candidates([20] * 4) + candidates([20] * 4, group=("128x128", False))
-    for c in mixed[4:]:
+BIG = ("128x128", False)
+
+
+def two_groups(cheap: dict[int, float], dear: dict[int, float]) -> CostModel:
+    """GROUP on the `cheap` curve, BIG on the `dear` one."""
+    model = model_of(cheap)
+    for size, seconds in dear.items():
+        model.observe(BIG, size, seconds)
+    return model
+
+
+def big(remaining: list[int], skipped: list[int] | None = None) -> list[Candidate]:
+    members = candidates(remaining, skipped, group=BIG)
+    for c in members:
         c.key += "-big"
+    return members
+
+
+def test_mixed_groups_step_the_group_whose_head_finishes_first():
+    """Across groups: fewest remaining steps x the group's forward, not every group every round."""
+    model = two_groups(CHEAP_512, {1: 0.1, 8: 0.8})
+    assert CostPolicy().choose(candidates([20] * 4) + big([20] * 4), model) == {"r0", "r1", "r2", "r3"}
+    assert CostPolicy().choose(candidates([26, 26]) + big([3, 30]), model) == {"r0-big"}, \
+        "3 steps x 0.1 s beat 26 x 0.043 s"
+    assert CostPolicy().choose(candidates([6]) + big([4]), model) == {"r0"}, "6 x 0.039 s beat 4 x 0.1 s"
+
+
+def test_single_group_keeps_the_within_group_rule():
+    policy = CostPolicy()
+    for curve, remaining in [(CHEAP_512, [20] * 8), (DEAR_1024, [20] * 8), (DEAR_1024, [26, 26, 26, 4]),
+                             ({1: 0.1, 8: 0.8}, [30, 30, 4, 12])]:
+        model, ordered = model_of(curve), policy.order(candidates(remaining))
+        expected = ordered[:policy.slots(ordered, lambda n: model.estimate(GROUP, n))]
+        assert policy.choose(candidates(remaining), model) == {c.key for c in expected}
+
+
+def test_aged_requests_step_with_their_group_beside_the_best_one():
+    model = two_groups(CHEAP_512, {1: 0.1, 8: 0.8})
+    chosen = CostPolicy(max_skips=3).choose(candidates([4, 4]) + big([30, 30], skipped=[3, 1]), model)
+    assert chosen == {"r0", "r1", "r0-big"}, "the best group, plus the aged request (its group's k is 1)"
+
+
+def test_an_unmeasured_group_steps_at_once_beside_measured_ones():
     model = model_of(CHEAP_512)
-    for size, seconds in {1: 0.1, 8: 0.8}.items():
-        model.observe(("128x128", False), size, seconds)
-    chosen = CostPolicy().choose(mixed, model)
-    assert {"r0", "r1", "r2", "r3"} <= chosen and len(chosen - {"r0", "r1", "r2", "r3"}) == 1
+    chosen = CostPolicy().choose(candidates([2]) + big([30, 30]), model)
+    assert chosen == {"r0", "r0-big", "r1-big"}, "no measurement: the whole group steps, which measures it"
 
 
 def test_nothing_measured_yet_steps_everyone():
     assert len(CostPolicy().choose(candidates([5, 9, 30]), CostModel())) == 3
+    assert len(CostPolicy().choose(candidates([5]) + big([9, 30]), CostModel())) == 3
 
 
 @dataclass
@@ -106,30 +144,44 @@ class FakeState:
     compat_key: tuple = GROUP
 
 
+def run_rounds(scheduler: StepScheduler, live: list, arrivals, watch: str, rounds: int = 600) -> list[int]:
+    """Rounds of `scheduler` over `live` (FakeStates; `arrivals(round)` -> new ones) until `watch`
+    finishes; each round's count of consecutive rounds `watch` was passed over."""
+    gaps, since = [], 0
+    for round_ in range(rounds):
+        live += arrivals(round_)
+        chosen = scheduler.select(live)
+        assert chosen
+        for state in live:
+            state.step_index += state.key in chosen
+        since = 0 if watch in chosen else since + 1
+        gaps.append(since)
+        for state in [s for s in live if s.step_index == s.total_steps]:
+            live.remove(state)
+            scheduler.forget(state.key)
+        if all(s.key != watch for s in live):
+            return gaps
+    raise AssertionError(f"{watch} did not finish in {rounds} rounds")
+
+
 def test_no_request_starves_behind_a_stream_of_short_ones():
     """A 30-step request amid ever-arriving 4-step ones (no batching gain) still steps at
     least once every max_skips + 1 rounds, and finishes."""
     scheduler = StepScheduler("cost", max_skips=3)
     scheduler.model = model_of({1: 0.1, 8: 0.8})
-    long = FakeState("long", 30)
-    live, gaps, since = [long], [], 0
-    for round_ in range(400):
-        if round_ % 2 == 0:
-            live.append(FakeState(f"s{round_}", 4, admitted_at=float(round_)))
-        chosen = scheduler.select(live)
-        assert chosen
-        for state in live:
-            if state.key in chosen:
-                state.step_index += 1
-        since = 0 if "long" in chosen else since + 1
-        gaps.append(since)
-        for state in [s for s in live if s.step_index == s.total_steps]:
-            live.remove(state)
-            scheduler.forget(state.key)
-        if long not in live:
-            break
-    assert long not in live, "the long request finished"
-    assert max(gaps) <= 3
+    shorts = lambda r: [FakeState(f"s{r}", 4, admitted_at=float(r))] if r % 2 == 0 else []  # noqa: E731
+    assert max(run_rounds(scheduler, [FakeState("long", 30)], shorts, "long")) <= 3
+
+
+def test_no_request_starves_behind_a_stream_of_short_ones_in_other_groups():
+    """Across groups: a long expensive request amid a continuous stream of cheap 4-step
+    requests of another group is passed over at most max_skips rounds in a row."""
+    for max_skips in (1, 3, 8):
+        scheduler = StepScheduler("cost", max_skips=max_skips)
+        scheduler.model = two_groups(CHEAP_512, DEAR_1024)
+        shorts = lambda r: [FakeState(f"s{r}", 4, admitted_at=float(r))]  # noqa: E731
+        gaps = run_rounds(scheduler, [FakeState("long", 30, compat_key=BIG)], shorts, "long")
+        assert max(gaps) == max_skips, "the stream does keep it waiting, but never past the bound"
 
 
 def test_all_scheduler_steps_every_ready_request():

@@ -8,16 +8,26 @@ stepping everyone stretches every request's latency for little throughput
 (perf/results, DESIGN.md "Facts measured here (2026-12-01)"). A request that is not chosen
 keeps its state and is rescheduled without a step; nothing else about it changes.
 
-The `cost` policy, per compatibility group (requests that share one forward):
-- order: requests passed over `max_skips` rounds in a row first (the aging bound: nobody
-  waits more than `max_skips` consecutive executes), then fewest remaining steps first
-  (SRPT, which lowers mean latency), ties by arrival;
-- size: step the first k of that order, where k minimises the estimated sum of completion
-  times of the group's requests (a fluid replay of the group with k slots and the cost
-  curve), among the k whose throughput (request-steps per second) is at least
+The `cost` policy chooses at two levels, because each compatibility group (requests that
+share one forward) costs its own forward and an execute runs the chosen groups' forwards back to
+back: stepping every group every round is processor sharing across groups, which stretches every
+request's step time to the sum of all groups' forwards (the H200 mixed trace of 2026-12-02: ~1.1
+requests per forward, p99 1.36x request batching; perf/results/2026-12-02-sim-scheduler.md).
+
+- Within a group, order: requests passed over `max_skips` rounds in a row first (the aging
+  bound: nobody waits more than `max_skips` consecutive executes), then fewest remaining steps
+  first (SRPT, which lowers mean latency), ties by arrival.
+- Within a group, size: step the first k of that order, where k minimises the estimated sum
+  of completion times of the group's requests (a fluid replay of the group with k slots and
+  the cost curve), among the k whose throughput (request-steps per second) is at least
   `throughput_floor` x the best k's. A waiting request is thus admitted only when the
-  throughput it adds pays for the slowdown of the rows already running; under a backlog
-  the floor keeps the scheduler from trading much throughput for latency.
+  throughput it adds pays for the slowdown of the rows already running; under a backlog the
+  floor keeps the scheduler from trading much throughput for latency.
+- Across groups: step the group whose head finishes soonest when it runs alone (its fewest
+  remaining steps x the estimated forward of its chosen k: SRPT between groups), plus every
+  group holding a request passed over `max_skips` rounds (the same aging bound) and every
+  group not measured yet (its forward is stepped once and so measured; it never starves).
+  With one group this is the within-group rule alone.
 """
 from __future__ import annotations
 
@@ -160,12 +170,20 @@ class CostPolicy:
         groups: dict[tuple, list[Candidate]] = {}
         for candidate in candidates:
             groups.setdefault(candidate.group, []).append(candidate)
-        chosen: set[str] = set()
+        plans: dict[tuple, list[Candidate]] = {}   # group -> the members it steps if it steps
+        finish: dict[tuple, tuple] = {}            # measured group -> (head's estimated finish, arrival)
         for group, members in groups.items():
             ordered = self.order(members)
-            k = self.slots(ordered, lambda size, group=group: model.estimate(group, size))
-            chosen.update(c.key for c in ordered[:k])
-        return chosen
+            cost = lambda size, group=group: model.estimate(group, size)  # noqa: E731
+            plans[group] = ordered[:self.slots(ordered, cost)]
+            if cost(1) is not None:
+                finish[group] = (min(c.remaining for c in members) * cost(len(plans[group])),
+                                 min(c.arrival for c in members))
+        stepping = {group for group, members in groups.items()
+                    if group not in finish or any(c.skipped >= self.max_skips for c in members)}
+        if finish:
+            stepping.add(min(finish, key=finish.get))
+        return {c.key for group in stepping for c in plans[group]}
 
 
 class StepScheduler:

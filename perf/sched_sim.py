@@ -1,0 +1,317 @@
+"""Discrete-event simulation of dit's step scheduling: evidence for a scheduler before GPU time.
+
+Replays a trace (the H200 matched control's, from its JSON, and seeded Poisson traces drawn
+with loadgen.make_trace) through dit's execute loop under four policies, calling the REAL
+scheduler classes for every decision (ditserve.scheduler.StepScheduler; the previous `cost`
+policy is the same module loaded from a git revision, `--old-ref`):
+
+  request_batch  a batch of ready requests runs to completion; arrivals wait for it to end
+                 (dit's `request_batch` mode: every request of the batch steps every round)
+  step:all       every ready request steps every execute (processor sharing across groups)
+  step:cost-old  `cost` as of --old-ref: k chosen within each group, every group steps
+  step:cost      `cost` of this checkout: it also chooses which groups step
+
+Model of the server (assumptions; the numbers come from the control JSON):
+- A shape (size, CFG on/off) costs `fixed + steps x step` alone, fitted from the measured solo
+  latencies of its 4- and 30-step requests (of --solo-mode's server): step = (solo30 - solo4)/26,
+  fixed = solo4 - 4 step. Fixed overhead (encode, hops, decode) depends on the size only, so a
+  shape measured at one step count takes its size's other shape's fixed and step = (solo - fixed)/steps.
+- Of `fixed`, --pre-ms comes before dit (encode and hop: 46-49 ms measured), the rest after
+  (decode). text_encoder and vae_decode never queue.
+- An execute costs --overhead-ms plus the sum of its groups' forwards (back to back on one GPU);
+  a group forward of k requests costs (step - overhead) x f(k): --batching none, f(k) = k (no
+  batching gain, conservative), or curve, f from DESIGN.md's H200 forward costs per rows (512px
+  curve for <= 512px, the 1024px curve above; rows = k x 2 with CFG; never below 1).
+- Triton hands dit at most --capacity generations (FIFO); others wait. New generations join at
+  the next execute. The `cost` scheduler has learned each shape's forward at size 1 before the
+  trace (the matched control's solo phase does that; simulated here the same way).
+
+Run:  .venv/bin/python perf/sched_sim.py            (defaults: see --help; writes --out .md/.json)
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import re
+import shlex
+import subprocess
+import sys
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "perf"), str(ROOT / "backends")]
+import loadgen  # noqa: E402
+from ditserve import scheduler as current_scheduler  # noqa: E402
+
+CONTROL = "/work/gpu_s11/sched1/control_2026-12-02-gpu-h200-matched-control.json"
+# H200 PixArt-Sigma transformer forward, eager, ms per rows (DESIGN.md, facts of 2026-12-01).
+FORWARD_MS = {512: {1: 46, 2: 39, 4: 43, 8: 52, 16: 60, 32: 113}, 1024: {1: 46, 2: 47, 4: 75, 8: 146, 16: 289}}
+POLICIES = ("request_batch", "step:all", "step:cost-old", "step:cost")
+
+
+@dataclass(frozen=True)
+class Shape:
+    height: int
+    width: int
+    cfg: bool
+
+
+@dataclass
+class Cost:
+    step_s: float
+    fixed_s: float
+
+
+def shape_of(entry: dict) -> Shape:
+    return Shape(entry["height"], entry["width"], entry["guidance_scale"] > 1.0)
+
+
+def fit_costs(solo_ms: dict[str, float]) -> dict[Shape, Cost]:
+    """Per-shape step and fixed seconds from solo latencies keyed like '1024x1024-30steps-cfg'."""
+    by_shape: dict[Shape, dict[int, float]] = defaultdict(dict)
+    for key, ms in solo_ms.items():
+        h, w, steps, cfg = re.fullmatch(r"(\d+)x(\d+)-(\d+)steps-(cfg|nocfg)", key).groups()
+        by_shape[Shape(int(h), int(w), cfg == "cfg")][int(steps)] = ms / 1000.0
+    costs, fixed_of_size = {}, {}
+    for shape, solo in by_shape.items():
+        if len(solo) >= 2:
+            (s1, t1), (s2, t2) = sorted(solo.items())[:2]
+            step = (t2 - t1) / (s2 - s1)
+            costs[shape] = Cost(step, t1 - s1 * step)
+            fixed_of_size[shape.height, shape.width] = costs[shape].fixed_s
+    for shape, solo in by_shape.items():
+        if shape not in costs:
+            (steps, seconds), = solo.items()
+            fixed = fixed_of_size[shape.height, shape.width]
+            costs[shape] = Cost((seconds - fixed) / steps, fixed)
+    return costs
+
+
+def batch_factor(shape: Shape, k: int, batching: str) -> float:
+    """Forward cost of k requests of `shape` relative to one."""
+    if batching == "none":
+        return float(k)
+    curve = FORWARD_MS[512 if max(shape.height, shape.width) <= 512 else 1024]
+    rows = lambda n: n * (2 if shape.cfg else 1)  # noqa: E731
+    return max(1.0, float(np.interp(rows(k), list(curve), list(curve.values())) /
+                    np.interp(rows(1), list(curve), list(curve.values()))))
+
+
+@dataclass
+class SimRequest:
+    """What StepScheduler reads of an engine RequestState, plus the simulation's clock marks."""
+
+    key: str
+    arrival: float
+    shape: Shape
+    total_steps: int
+    ready_at: float
+    step_index: int = 0
+    first_step_at: float | None = None
+    done_at: float | None = None
+
+    @property
+    def compat_key(self) -> tuple:
+        return (self.shape.height, self.shape.width, self.shape.cfg)
+
+    @property
+    def admitted_at(self) -> float:
+        return self.ready_at
+
+
+class SimTimer:
+    """A ForwardTimer whose forward took a known time."""
+
+    def __init__(self, seconds: float):
+        self._seconds = seconds
+
+    def seconds(self) -> float:
+        return self._seconds
+
+
+@dataclass
+class Sim:
+    costs: dict[Shape, Cost]
+    batching: str
+    overhead_s: float
+    pre_s: float
+    capacity: int
+    slowdown: float
+    forwards: list[int] = field(default_factory=list)
+
+    def forward_s(self, shape: Shape, k: int) -> float:
+        return (self.costs[shape].step_s - self.overhead_s) * self.slowdown * batch_factor(shape, k, self.batching)
+
+    def run(self, entries: list[dict], scheduler, closed_batches: bool) -> list[SimRequest]:
+        """Replay `entries`; `closed_batches`: admit only when dit is idle (request_batch)."""
+        pending = sorted((SimRequest(f"r{i}", e["t"], shape_of(e), e["num_inference_steps"], e["t"] + self.pre_s)
+                          for i, e in enumerate(entries)), key=lambda r: r.ready_at)
+        done, active, clock = [], [], 0.0
+        while pending or active:
+            if not (closed_batches and active):
+                while pending and pending[0].ready_at <= clock and len(active) < self.capacity:
+                    active.append(pending.pop(0))
+            if not active:
+                clock = pending[0].ready_at
+                continue
+            chosen = scheduler.select(active)
+            groups: dict[Shape, int] = defaultdict(int)
+            for r in active:
+                groups[r.shape] += r.key in chosen
+            timings = [((s.height, s.width, s.cfg), k, SimTimer(self.forward_s(s, k))) for s, k in groups.items() if k]
+            clock += self.overhead_s + sum(t.seconds() for _, _, t in timings)
+            scheduler.observe(timings)
+            self.forwards += [k for _, k, _ in timings]
+            for r in [r for r in active if r.key in chosen]:
+                r.step_index += 1
+                r.first_step_at = clock if r.first_step_at is None else r.first_step_at
+                if r.step_index == r.total_steps:
+                    r.done_at = clock + self.costs[r.shape].fixed_s - self.pre_s
+                    active.remove(r)
+                    scheduler.forget(r.key)
+                    done.append(r)
+        return done
+
+
+def load_old_scheduler(ref: str):
+    """ditserve/scheduler.py as of git revision `ref`, as its own module."""
+    source = subprocess.run(["git", "-C", str(ROOT), "show", f"{ref}:backends/ditserve/scheduler.py"],
+                            check=True, capture_output=True, text=True).stdout
+    name = f"ditserve_scheduler_{ref}"
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader=None))
+    sys.modules[name] = module   # dataclasses look their module up by name
+    exec(compile(source, f"{ref}:backends/ditserve/scheduler.py", "exec"), module.__dict__)
+    return module
+
+
+def make_scheduler(policy: str, old_module):
+    if policy in ("request_batch", "step:all"):
+        return current_scheduler.StepScheduler("all")
+    return (old_module if policy == "step:cost-old" else current_scheduler).StepScheduler("cost")
+
+
+def stats(done: list[SimRequest], forwards: list[int]) -> dict:
+    e2el = np.array([r.done_at - r.arrival for r in done]) * 1000
+    ttfs = np.array([r.first_step_at - r.arrival for r in done]) * 1000
+    span = max(r.done_at for r in done) - min(r.arrival for r in done)
+    return {"p50_e2el_ms": float(np.percentile(e2el, 50)), "p99_e2el_ms": float(np.percentile(e2el, 99)),
+            "mean_e2el_ms": float(e2el.mean()), "p50_ttfs_ms": float(np.percentile(ttfs, 50)),
+            "mean_ttfs_ms": float(ttfs.mean()), "request_throughput": len(done) / span,
+            "mean_step_batch_size": float(np.mean(forwards)), "forwards": len(forwards)}
+
+
+def simulate(entries: list[dict], sim_args: dict, old_module) -> dict:
+    """Every policy on `entries`, each after a solo pass over the trace's shapes (as the control's)."""
+    results = {}
+    solo_entries = {(shape_of(e), e["num_inference_steps"]): e for e in entries}
+    for policy in POLICIES:
+        sim, scheduler = Sim(**sim_args), make_scheduler(policy, old_module)
+        for entry in solo_entries.values():
+            sim.run([{**entry, "t": 0.0}], scheduler, policy == "request_batch")
+        sim.forwards = []
+        results[policy] = stats(sim.run(entries, scheduler, policy == "request_batch"), sim.forwards)
+    return results
+
+
+def utilisation(entries: list[dict], costs: dict[Shape, Cost], slowdown: float) -> float:
+    """Offered dit work per second with no batching gain, slowed as under load (1.0 = the
+    saturation of one request at a time)."""
+    work = slowdown * sum(e["num_inference_steps"] * costs[shape_of(e)].step_s for e in entries)
+    return work / (entries[-1]["t"] - entries[0]["t"])
+
+
+def measured_slowdown(report: dict, entries: list[dict], costs: dict[Shape, Cost]) -> float:
+    """The dit's measured step time in a request_batch run (about one request per forward) over the
+    solo fit's for the same steps: what sharing the GPU with encode and decode (and the host with
+    the other stubs) adds under load."""
+    fitted = sum(e["num_inference_steps"] * costs[shape_of(e)].step_s for e in entries)
+    return report["step_batches"] * report["mean_step_duration_ms"] / 1000 / fitted
+
+
+def synthetic(label: str, sizes: str, load: float, n: int, seed: int, costs: dict[Shape, Cost],
+              slowdown: float) -> tuple[str, list]:
+    """A seeded Poisson trace of `sizes`, 4/30 steps, CFG on/off, at `load` x one-at-a-time saturation."""
+    spec = loadgen.WorkloadSpec(rate=1.0, num_requests=n, sizes=loadgen.parse_sizes(sizes), steps=[4, 30],
+                                guidance_scales=[1.0, 4.5], seed=seed)
+    unit = loadgen.make_trace(spec)          # rate 1: scale the arrival times to the load asked for
+    rate = load / utilisation(unit, costs, slowdown)
+    entries = [{**e, "t": e["t"] / rate} for e in unit]
+    return f"{label}: Poisson {rate:.2f} req/s ({load:.2f} of saturation), n={n}, sizes {sizes}, seed {seed}", entries
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--control", action="append", help=f"matched-control JSON(s); trace, solo and measured numbers "
+                   f"from the first, measured numbers from the others (default {CONTROL})")
+    p.add_argument("--solo-mode", default="step:cost", help="whose solo latencies give the per-shape costs")
+    p.add_argument("--old-ref", default="d12d9e1", help="git revision of the previous `cost` policy")
+    p.add_argument("--batching", default="curve", choices=("curve", "none"))
+    p.add_argument("--overhead-ms", type=float, default=1.0, help="per execute (served 48.9 vs raw 47.8 ms/step)")
+    p.add_argument("--pre-ms", type=float, default=50.0, help="encode and hop, before dit")
+    p.add_argument("--capacity", type=int, default=16)
+    p.add_argument("--slowdown", type=float, default=None,
+                   help="dit forwards under load vs solo (default: the control's request_batch dit step time / the fit's)")
+    p.add_argument("--synthetic", action="append", default=[], metavar="LABEL:SIZES:LOAD",
+                   help="also a Poisson trace, e.g. 512-only:512:0.8 (load = fraction of one-at-a-time saturation)")
+    p.add_argument("--n", type=int, default=400, help="requests per synthetic trace")
+    p.add_argument("--seed", type=int, default=22)
+    p.add_argument("--out", default=None, help="write OUT.md and OUT.json")
+    args = p.parse_args(argv)
+    paths = args.control or [CONTROL]
+    controls = [json.loads(Path(path).read_text()) for path in paths]
+    costs = fit_costs(controls[0]["reports"][args.solo_mode]["solo_latency_ms"])
+    trace = controls[0]["trace"]
+    slowdown = args.slowdown or measured_slowdown(controls[0]["reports"]["request_batch"], trace, costs)
+    sim_args = dict(costs=costs, batching=args.batching, overhead_s=args.overhead_ms / 1000,
+                    pre_s=args.pre_ms / 1000, capacity=args.capacity, slowdown=slowdown)
+    old = load_old_scheduler(args.old_ref)
+    scenarios = [(f"H200 control trace: {controls[0]['source']} ({utilisation(trace, costs, slowdown):.2f} of saturation)", trace)]
+    for spec in args.synthetic:
+        label, sizes, load = spec.split(":")
+        scenarios.append(synthetic(label, sizes, float(load), args.n, args.seed, costs, slowdown))
+    measured = {f"{mode} ({Path(path).parent.name})": report
+                for path, control in zip(paths, controls) for mode, report in control["reports"].items()}
+    out = {"command": " ".join(shlex.quote(a) for a in ["python", "perf/sched_sim.py", *(argv or sys.argv[1:])]),
+           "assumptions": {"slowdown": round(slowdown, 3), "batching": args.batching, "overhead_ms": args.overhead_ms, "pre_ms": args.pre_ms,
+                           "capacity": args.capacity, "old_ref": args.old_ref, "solo_mode": args.solo_mode},
+           "costs_ms": {f"{s.height}x{s.width}-{'cfg' if s.cfg else 'nocfg'}":
+                        {"step": round(c.step_s * 1000, 1), "fixed": round(c.fixed_s * 1000, 1)}
+                        for s, c in sorted(costs.items(), key=lambda kv: (kv[0].height, kv[0].cfg))},
+           "measured": {mode: {k: r[k] for k in ("p50_e2el_ms", "p99_e2el_ms", "mean_e2el_ms", "p50_ttfs_ms",
+                                                 "mean_ttfs_ms", "request_throughput", "mean_step_batch_size")}
+                        for mode, r in measured.items()},
+           "scenarios": []}
+    for label, entries in scenarios:
+        print(f"[sched_sim] {label}", file=sys.stderr, flush=True)
+        out["scenarios"].append({"label": label, "results": simulate(entries, sim_args, old)})
+    text = render(out)
+    print(text)
+    if args.out:
+        Path(args.out + ".json").write_text(json.dumps(out, indent=1))
+        Path(args.out + ".md").write_text(text)
+    return 0
+
+
+def render(out: dict) -> str:
+    cols = ("p50_e2el_ms", "p99_e2el_ms", "mean_e2el_ms", "p50_ttfs_ms", "mean_ttfs_ms", "request_throughput",
+            "mean_step_batch_size")
+    head = "| policy | p50 ms | p99 ms | mean ms | TTFS p50 | TTFS mean | req/s | mean step batch |\n" + \
+           "|---|---|---|---|---|---|---|---|\n"
+    row = lambda name, r: f"| {name} | " + " | ".join(  # noqa: E731
+        f"{r[c]:.2f}" if c in ("request_throughput", "mean_step_batch_size") else f"{r[c]:.0f}" for c in cols) + " |\n"
+    text = f"`{out['command']}`\n\nAssumptions: {json.dumps(out['assumptions'])}; per-shape costs (ms): " \
+           f"{json.dumps(out['costs_ms'])}\n\n### Measured on the H200 (the control JSONs)\n\n" + head
+    text += "".join(row(mode, r) for mode, r in out["measured"].items())
+    for scenario in out["scenarios"]:
+        text += f"\n### Simulated: {scenario['label']}\n\n" + head
+        text += "".join(row(policy, r) for policy, r in scenario["results"].items())
+    return text
+
+
+if __name__ == "__main__":
+    sys.exit(main())
