@@ -159,7 +159,7 @@ class Sim:
             if not active:
                 clock = pending[0].ready_at
                 continue
-            chosen = scheduler.select(active)
+            chosen = scheduler.select(active, clock)
             groups: dict[Shape, int] = defaultdict(int)
             for r in active:
                 groups[r.shape] += r.key in chosen
@@ -189,10 +189,25 @@ def load_old_scheduler(ref: str):
     return module
 
 
-def make_scheduler(policy: str, old_module):
+class WithoutClock:
+    """An earlier StepScheduler, whose `select` read no clock (it had no time-based bound)."""
+
+    def __init__(self, scheduler):
+        self.scheduler = scheduler
+
+    def select(self, states: list, now: float) -> set[str]:
+        return self.scheduler.select(states)
+
+    def __getattr__(self, name: str):
+        return getattr(self.scheduler, name)
+
+
+def make_scheduler(policy: str, old_module, max_slowdown: float):
     if policy in ("request_batch", "step:all"):
         return current_scheduler.StepScheduler("all")
-    return (old_module if policy == "step:cost-old" else current_scheduler).StepScheduler("cost")
+    if policy == "step:cost-old":
+        return WithoutClock(old_module.StepScheduler("cost"))
+    return current_scheduler.StepScheduler("cost", max_slowdown=max_slowdown)
 
 
 def stats(done: list[SimRequest], forwards: list[int]) -> dict:
@@ -205,12 +220,12 @@ def stats(done: list[SimRequest], forwards: list[int]) -> dict:
             "mean_step_batch_size": float(np.mean(forwards)), "forwards": len(forwards)}
 
 
-def simulate(entries: list[dict], sim_args: dict, old_module) -> dict:
+def simulate(entries: list[dict], sim_args: dict, old_module, max_slowdown: float) -> dict:
     """Every policy on `entries`, each after a solo pass over the trace's shapes (as the control's)."""
     results = {}
     solo_entries = {(shape_of(e), e["num_inference_steps"]): e for e in entries}
     for policy in POLICIES:
-        sim, scheduler = Sim(**sim_args), make_scheduler(policy, old_module)
+        sim, scheduler = Sim(**sim_args), make_scheduler(policy, old_module, max_slowdown)
         for entry in solo_entries.values():
             sim.run([{**entry, "t": 0.0}], scheduler, policy == "request_batch")
         sim.forwards = []
@@ -254,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--overhead-ms", type=float, default=1.0, help="per execute (served 48.9 vs raw 47.8 ms/step)")
     p.add_argument("--pre-ms", type=float, default=50.0, help="encode and hop, before dit")
     p.add_argument("--capacity", type=int, default=16)
+    p.add_argument("--max-slowdown", type=float, default=2.0, help="step:cost's [engine] max_slowdown")
     p.add_argument("--slowdown", type=float, default=None,
                    help="dit forwards under load vs solo (default: the control's request_batch dit step time / the fit's)")
     p.add_argument("--synthetic", action="append", default=[], metavar="LABEL:SIZES:LOAD",
@@ -278,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
                 for path, control in zip(paths, controls) for mode, report in control["reports"].items()}
     out = {"command": " ".join(shlex.quote(a) for a in ["python", "perf/sched_sim.py", *(argv or sys.argv[1:])]),
            "assumptions": {"slowdown": round(slowdown, 3), "batching": args.batching, "overhead_ms": args.overhead_ms, "pre_ms": args.pre_ms,
-                           "capacity": args.capacity, "old_ref": args.old_ref, "solo_mode": args.solo_mode},
+                           "capacity": args.capacity, "max_slowdown": args.max_slowdown, "old_ref": args.old_ref, "solo_mode": args.solo_mode},
            "costs_ms": {f"{s.height}x{s.width}-{'cfg' if s.cfg else 'nocfg'}":
                         {"step": round(c.step_s * 1000, 1), "fixed": round(c.fixed_s * 1000, 1)}
                         for s, c in sorted(costs.items(), key=lambda kv: (kv[0].height, kv[0].cfg))},
@@ -288,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
            "scenarios": []}
     for label, entries in scenarios:
         print(f"[sched_sim] {label}", file=sys.stderr, flush=True)
-        out["scenarios"].append({"label": label, "results": simulate(entries, sim_args, old)})
+        out["scenarios"].append({"label": label, "results": simulate(entries, sim_args, old, args.max_slowdown)})
     text = render(out)
     print(text)
     if args.out:

@@ -25,7 +25,8 @@ def model_of(curve: dict[int, float], group: tuple = GROUP) -> CostModel:
 
 def candidates(remaining: list[int], skipped: list[int] | None = None, group: tuple = GROUP) -> list[Candidate]:
     skipped = skipped or [0] * len(remaining)
-    return [Candidate(f"r{i}", group, steps, skip, float(i)) for i, (steps, skip) in enumerate(zip(remaining, skipped))]
+    return [Candidate(f"r{i}", group, steps, skip, float(i), steps, 0.0)
+            for i, (steps, skip) in enumerate(zip(remaining, skipped))]
 
 
 def test_cost_model_interpolates_and_is_optimistic_where_it_has_not_measured():
@@ -144,13 +145,16 @@ class FakeState:
     compat_key: tuple = GROUP
 
 
+ROUND = 0.05   # seconds per simulated round (about one forward on the curves above)
+
+
 def run_rounds(scheduler: StepScheduler, live: list, arrivals, watch: str, rounds: int = 600) -> list[int]:
     """Rounds of `scheduler` over `live` (FakeStates; `arrivals(round)` -> new ones) until `watch`
     finishes; each round's count of consecutive rounds `watch` was passed over."""
     gaps, since = [], 0
     for round_ in range(rounds):
         live += arrivals(round_)
-        chosen = scheduler.select(live)
+        chosen = scheduler.select(live, now=round_ * ROUND)
         assert chosen
         for state in live:
             state.step_index += state.key in chosen
@@ -164,24 +168,38 @@ def run_rounds(scheduler: StepScheduler, live: list, arrivals, watch: str, round
     raise AssertionError(f"{watch} did not finish in {rounds} rounds")
 
 
+def short_stream(every: int = 1, group: tuple = GROUP):
+    """A 4-step request arriving every `every` rounds."""
+    return lambda r: [FakeState(f"s{r}", 4, admitted_at=r * ROUND, compat_key=group)] if r % every == 0 else []
+
+
 def test_no_request_starves_behind_a_stream_of_short_ones():
     """A 30-step request amid ever-arriving 4-step ones (no batching gain) still steps at
     least once every max_skips + 1 rounds, and finishes."""
-    scheduler = StepScheduler("cost", max_skips=3)
+    scheduler = StepScheduler("cost", max_skips=3, max_slowdown=1e9)
     scheduler.model = model_of({1: 0.1, 8: 0.8})
-    shorts = lambda r: [FakeState(f"s{r}", 4, admitted_at=float(r))] if r % 2 == 0 else []  # noqa: E731
-    assert max(run_rounds(scheduler, [FakeState("long", 30)], shorts, "long")) <= 3
+    assert max(run_rounds(scheduler, [FakeState("long", 30)], short_stream(every=2), "long")) <= 3
 
 
 def test_no_request_starves_behind_a_stream_of_short_ones_in_other_groups():
     """Across groups: a long expensive request amid a continuous stream of cheap 4-step
     requests of another group is passed over at most max_skips rounds in a row."""
     for max_skips in (1, 3, 8):
-        scheduler = StepScheduler("cost", max_skips=max_skips)
+        scheduler = StepScheduler("cost", max_skips=max_skips, max_slowdown=1e9)
         scheduler.model = two_groups(CHEAP_512, DEAR_1024)
-        shorts = lambda r: [FakeState(f"s{r}", 4, admitted_at=float(r))]  # noqa: E731
-        gaps = run_rounds(scheduler, [FakeState("long", 30, compat_key=BIG)], shorts, "long")
+        gaps = run_rounds(scheduler, [FakeState("long", 30, compat_key=BIG)], short_stream(), "long")
         assert max(gaps) == max_skips, "the stream does keep it waiting, but never past the bound"
+
+
+def test_a_request_past_max_slowdown_steps_every_round():
+    """The stretch bound: once a request has been in dit for max_slowdown x its estimated time
+    alone (30 steps x 47 ms here), its group steps every round beside the best one."""
+    scheduler = StepScheduler("cost", max_slowdown=2.0)
+    scheduler.model = two_groups(CHEAP_512, DEAR_1024)
+    gaps = run_rounds(scheduler, [FakeState("long", 30, compat_key=BIG)], short_stream(), "long")
+    bound = int(2.0 * 30 * DEAR_1024[1] / ROUND) + 1    # the first round it is past the bound
+    assert max(gaps[:bound]) == 8, "before: passed over up to max_skips rounds (SRPT favours the stream)"
+    assert not any(gaps[bound:]), "after: stepped every round"
 
 
 def test_all_scheduler_steps_every_ready_request():
@@ -194,6 +212,7 @@ def test_all_scheduler_steps_every_ready_request():
     ('mode = "request_batch"\nscheduler = "cost"', 'needs mode = "step"'),
     ('scheduler = "cost"\nmax_skips = 0', "max_skips=0; allowed: an integer >= 1"),
     ('scheduler = "cost"\nthroughput_floor = 1.5', "throughput_floor=1.5; allowed: a number in (0, 1]"),
+    ('scheduler = "cost"\nmax_slowdown = 0.5', "max_slowdown=0.5; allowed: a number >= 1"),
 ])
 def test_bad_scheduler_options_fail_at_load_naming_the_allowed_values(tmp_path, engine, message):
     base = (ROOT / "configs" / "tiny-pixart-sigma.toml").read_text().replace('mode = "step"\n', "")

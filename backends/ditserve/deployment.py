@@ -103,11 +103,13 @@ class EngineSection:
     # (processor sharing), "cost" = the subset a learned forward-cost curve says pays, fewest
     # remaining steps first; step mode only. Its knobs: a request passed over `max_skips`
     # executes in a row steps in the next one; the subset keeps at least `throughput_floor`
-    # of the best throughput on the curve; `cost_ewma` weighs each new forward timing.
+    # of the best throughput on the curve; `cost_ewma` weighs each new forward timing; a
+    # request in dit for over `max_slowdown` x its estimated time alone steps every execute.
     scheduler: str = "all"
     max_skips: int = 8
     throughput_floor: float = 0.9
     cost_ewma: float = 0.3
+    max_slowdown: float = 2.0
 
 
 TRANSFORMER_ACCEL = ("eager", "compile", "cuda_graphs")
@@ -311,6 +313,9 @@ def _check_scheduler(engine: EngineSection) -> None:
         value = getattr(engine, name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
             raise ValueError(f"deployment [engine] {name}={value!r}; allowed: a number in (0, 1]")
+    value = engine.max_slowdown
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 1:
+        raise ValueError(f"deployment [engine] max_slowdown={value!r}; allowed: a number >= 1")
 
 
 def _check_cache(cache: CacheSection) -> None:

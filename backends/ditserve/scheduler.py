@@ -25,9 +25,15 @@ requests per forward, p99 1.36x request batching; perf/results/2026-12-02-sim-sc
   floor keeps the scheduler from trading much throughput for latency.
 - Across groups: step the group whose head finishes soonest when it runs alone (its fewest
   remaining steps x the estimated forward of its chosen k: SRPT between groups), plus every
-  group holding a request passed over `max_skips` rounds (the same aging bound) and every
-  group not measured yet (its forward is stepped once and so measured; it never starves).
-  With one group this is the within-group rule alone.
+  group holding a request passed over `max_skips` rounds (the same aging bound), every group
+  holding a request whose time in dit exceeds `max_slowdown` x its estimated time alone (its
+  steps x its group's forward of one: the stretch bound), and every group not measured yet
+  (stepped once, so measured; it never starves). With one group this is the within-group rule.
+  SRPT alone lowers mean and median latency but stretches the long requests most (the p99);
+  the stretch bound caps that, and as load grows and more requests pass it the rounds turn
+  back into processor sharing across groups. The simulation of perf/sched_sim.py on the H200's
+  costs chose the rule and its default (perf/results/2026-12-02-sim-scheduler.md); stepping
+  cheap groups along with the best one did not help there and is not done.
 """
 from __future__ import annotations
 
@@ -119,6 +125,8 @@ class Candidate:
     remaining: int      # denoise steps left
     skipped: int        # consecutive rounds it was ready and not stepped
     arrival: float      # admission time (tie-break: earlier first)
+    total: int          # denoise steps in all
+    waited: float       # seconds since admission
 
 
 def sum_of_completions(remaining: list[int], slots: int, cost) -> float:
@@ -144,6 +152,7 @@ def sum_of_completions(remaining: list[int], slots: int, cost) -> float:
 class CostPolicy:
     max_skips: int = 8
     throughput_floor: float = 0.9
+    max_slowdown: float = 2.0
 
     def order(self, candidates: list[Candidate]) -> list[Candidate]:
         """Aged requests first (longest passed over first), then fewest remaining steps."""
@@ -179,8 +188,9 @@ class CostPolicy:
             if cost(1) is not None:
                 finish[group] = (min(c.remaining for c in members) * cost(len(plans[group])),
                                  min(c.arrival for c in members))
-        stepping = {group for group, members in groups.items()
-                    if group not in finish or any(c.skipped >= self.max_skips for c in members)}
+        def overdue(c: Candidate) -> bool:
+            return c.skipped >= self.max_skips or c.waited > self.max_slowdown * c.total * model.estimate(c.group, 1)
+        stepping = {group for group, members in groups.items() if group not in finish or any(map(overdue, members))}
         if finish:
             stepping.add(min(finish, key=finish.get))
         return {c.key for group in stepping for c in plans[group]}
@@ -189,19 +199,22 @@ class CostPolicy:
 class StepScheduler:
     """The stage's scheduler: the policy, its cost model and each request's skip count."""
 
-    def __init__(self, kind: str = "all", max_skips: int = 8, throughput_floor: float = 0.9, cost_ewma: float = 0.3):
+    def __init__(self, kind: str = "all", max_skips: int = 8, throughput_floor: float = 0.9, cost_ewma: float = 0.3,
+                 max_slowdown: float = 2.0):
         self.kind = kind
-        self.policy = CostPolicy(max_skips, throughput_floor)
+        self.policy = CostPolicy(max_skips, throughput_floor, max_slowdown)
         self.model = CostModel(cost_ewma)
         self.skipped: dict[str, int] = {}
 
-    def select(self, states: list) -> set[str]:
-        """Keys of the `states` (engine.RequestState, all with steps left) to step this round."""
+    def select(self, states: list, now: float | None = None) -> set[str]:
+        """Keys of the `states` (engine.RequestState, all with steps left) to step this round;
+        `now` on the clock of their `admitted_at` (time.monotonic() unless given)."""
         if self.kind == "all":
             return {s.key for s in states}
         self.model.resolve()
+        now = time.monotonic() if now is None else now
         candidates = [Candidate(s.key, s.compat_key, s.total_steps - s.step_index, self.skipped.get(s.key, 0),
-                                s.admitted_at) for s in states]
+                                s.admitted_at, s.total_steps, now - s.admitted_at) for s in states]
         chosen = self.policy.choose(candidates, self.model)
         for c in candidates:
             self.skipped[c.key] = 0 if c.key in chosen else c.skipped + 1

@@ -102,7 +102,8 @@ class DitStage:
         adapter = adapter_for(self.deployment.model.family)(self.deployment, "dit", instance_device(args))
         self.engine = StepEngine(adapter, injector(self.deployment, "dit"))
         engine = self.deployment.engine
-        self.scheduler = StepScheduler(engine.scheduler, engine.max_skips, engine.throughput_floor, engine.cost_ewma)
+        self.scheduler = StepScheduler(engine.scheduler, engine.max_skips, engine.throughput_floor, engine.cost_ewma,
+                                       engine.max_slowdown)
         self.accel_metrics = warm_up(adapter, args["model_name"])
         warm_request_path(args["model_name"], lambda: self._warm_request_path(adapter))
         pipeline = stage_names(model_config).pipeline
