@@ -22,11 +22,18 @@ Model of the server (assumptions; the numbers come from the control JSON):
   a group forward of k requests costs (step - overhead) x f(k): --batching none, f(k) = k (no
   batching gain, conservative), or curve, f from DESIGN.md's H200 forward costs per rows (512px
   curve for <= 512px, the 1024px curve above; rows = k x 2 with CFG; never below 1).
+- Under load a forward costs --slowdown x the solo fit (default: the control's request_batch
+  run, its dit step time over the fit's for the same steps: 1.47; the GPU also runs encode and
+  decode then). With it the simulated step:all reproduces the measured `step` run (p50 1251 vs
+  1261 ms, p99 5581 vs 6182, mean 2025 vs 2100, TTFS p50 162 vs 191) but request_batch comes
+  out slower than measured (p99 6529 vs 4562, mean 2367 vs 1797): trust the comparisons among
+  the step policies more than those against request_batch.
 - Triton hands dit at most --capacity generations (FIFO); others wait. New generations join at
   the next execute. The `cost` scheduler has learned each shape's forward at size 1 before the
   trace (the matched control's solo phase does that; simulated here the same way).
 
-Run:  .venv/bin/python perf/sched_sim.py            (defaults: see --help; writes --out .md/.json)
+Run:  .venv/bin/python perf/sched_sim.py --synthetic 1024-only:1024:0.8 --out /tmp/sim   (see --help;
+the command of each recorded run is at the top of its .md)
 """
 from __future__ import annotations
 
@@ -48,7 +55,9 @@ sys.path[:0] = [str(ROOT / "perf"), str(ROOT / "backends")]
 import loadgen  # noqa: E402
 from ditserve import scheduler as current_scheduler  # noqa: E402
 
-CONTROL = "/work/gpu_s11/sched1/control_2026-12-02-gpu-h200-matched-control.json"
+# The H200 matched controls of 2026-12-02: request_batch vs step:cost, then step vs step:cost (one trace).
+CONTROLS = ["perf/results/2026-12-02-h200-scheduler-s11/call1-request_batch-vs-step-cost.json",
+            "perf/results/2026-12-02-h200-scheduler-s11/call2-step-vs-step-cost.json"]
 # H200 PixArt-Sigma transformer forward, eager, ms per rows (DESIGN.md, facts of 2026-12-01).
 FORWARD_MS = {512: {1: 46, 2: 39, 4: 43, 8: 52, 16: 60, 32: 113}, 1024: {1: 46, 2: 47, 4: 75, 8: 146, 16: 289}}
 POLICIES = ("request_batch", "step:all", "step:cost-old", "step:cost")
@@ -261,8 +270,8 @@ def synthetic(label: str, sizes: str, load: float, n: int, seed: int, costs: dic
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--control", action="append", help=f"matched-control JSON(s); trace, solo and measured numbers "
-                   f"from the first, measured numbers from the others (default {CONTROL})")
+    p.add_argument("--control", action="append", help="matched-control JSON(s); trace, solo and measured numbers "
+                   f"from the first, measured numbers from the others (default {' '.join(CONTROLS)})")
     p.add_argument("--solo-mode", default="step:cost", help="whose solo latencies give the per-shape costs")
     p.add_argument("--old-ref", default="d12d9e1", help="git revision of the previous `cost` policy")
     p.add_argument("--batching", default="curve", choices=("curve", "none"))
@@ -278,8 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=22)
     p.add_argument("--out", default=None, help="write OUT.md and OUT.json")
     args = p.parse_args(argv)
-    paths = args.control or [CONTROL]
-    controls = [json.loads(Path(path).read_text()) for path in paths]
+    paths = args.control or CONTROLS
+    controls = [json.loads((ROOT / path).read_text()) for path in paths]
     costs = fit_costs(controls[0]["reports"][args.solo_mode]["solo_latency_ms"])
     trace = controls[0]["trace"]
     slowdown = args.slowdown or measured_slowdown(controls[0]["reports"]["request_batch"], trace, costs)
@@ -290,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     for spec in args.synthetic:
         label, sizes, load = spec.split(":")
         scenarios.append(synthetic(label, sizes, float(load), args.n, args.seed, costs, slowdown))
-    measured = {f"{mode} ({Path(path).parent.name})": report
+    measured = {f"{mode} ({Path(path).stem})": report
                 for path, control in zip(paths, controls) for mode, report in control["reports"].items()}
     out = {"command": " ".join(shlex.quote(a) for a in ["python", "perf/sched_sim.py", *(argv or sys.argv[1:])]),
            "assumptions": {"slowdown": round(slowdown, 3), "batching": args.batching, "overhead_ms": args.overhead_ms, "pre_ms": args.pre_ms,
@@ -320,7 +329,8 @@ def render(out: dict) -> str:
            "|---|---|---|---|---|---|---|---|\n"
     row = lambda name, r: f"| {name} | " + " | ".join(  # noqa: E731
         f"{r[c]:.2f}" if c in ("request_throughput", "mean_step_batch_size") else f"{r[c]:.0f}" for c in cols) + " |\n"
-    text = f"`{out['command']}`\n\nAssumptions: {json.dumps(out['assumptions'])}; per-shape costs (ms): " \
+    text = "# The step scheduler, simulated (perf/sched_sim.py; its docstring states the model)\n\n" \
+           f"`{out['command']}`\n\nAssumptions: {json.dumps(out['assumptions'])}; per-shape costs (ms): " \
            f"{json.dumps(out['costs_ms'])}\n\n### Measured on the H200 (the control JSONs)\n\n" + head
     text += "".join(row(mode, r) for mode, r in out["measured"].items())
     for scenario in out["scenarios"]:
