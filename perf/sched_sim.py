@@ -280,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--capacity", type=int, default=16)
     p.add_argument("--max-slowdown", type=float, default=2.0, help="step:cost's [engine] max_slowdown")
     p.add_argument("--slowdown", type=float, default=None,
-                   help="dit forwards under load vs solo (default: the control's request_batch dit step time / the fit's)")
+                   help="dit forwards under load vs solo "
+                        "(default: the control's request_batch dit step time / the fit's)")
     p.add_argument("--synthetic", action="append", default=[], metavar="LABEL:SIZES:LOAD",
                    help="also a Poisson trace, e.g. 512-only:512:0.8 (load = fraction of one-at-a-time saturation)")
     p.add_argument("--n", type=int, default=400, help="requests per synthetic trace")
@@ -295,15 +296,17 @@ def main(argv: list[str] | None = None) -> int:
     sim_args = dict(costs=costs, batching=args.batching, overhead_s=args.overhead_ms / 1000,
                     pre_s=args.pre_ms / 1000, capacity=args.capacity, slowdown=slowdown)
     old = load_old_scheduler(args.old_ref)
-    scenarios = [(f"H200 control trace: {controls[0]['source']} ({utilisation(trace, costs, slowdown):.2f} of saturation)", trace)]
+    load = utilisation(trace, costs, slowdown)
+    scenarios = [(f"H200 control trace: {controls[0]['source']} ({load:.2f} of saturation)", trace)]
     for spec in args.synthetic:
         label, sizes, load = spec.split(":")
         scenarios.append(synthetic(label, sizes, float(load), args.n, args.seed, costs, slowdown))
     measured = {f"{mode} ({Path(path).stem})": report
                 for path, control in zip(paths, controls) for mode, report in control["reports"].items()}
     out = {"command": " ".join(shlex.quote(a) for a in ["python", "perf/sched_sim.py", *(argv or sys.argv[1:])]),
-           "assumptions": {"slowdown": round(slowdown, 3), "batching": args.batching, "overhead_ms": args.overhead_ms, "pre_ms": args.pre_ms,
-                           "capacity": args.capacity, "max_slowdown": args.max_slowdown, "old_ref": args.old_ref, "solo_mode": args.solo_mode},
+           "assumptions": {"slowdown": round(slowdown, 3), "batching": args.batching,
+                           "overhead_ms": args.overhead_ms, "pre_ms": args.pre_ms, "capacity": args.capacity,
+                           "max_slowdown": args.max_slowdown, "old_ref": args.old_ref, "solo_mode": args.solo_mode},
            "costs_ms": {f"{s.height}x{s.width}-{'cfg' if s.cfg else 'nocfg'}":
                         {"step": round(c.step_s * 1000, 1), "fixed": round(c.fixed_s * 1000, 1)}
                         for s, c in sorted(costs.items(), key=lambda kv: (kv[0].height, kv[0].cfg))},

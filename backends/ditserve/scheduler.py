@@ -12,7 +12,7 @@ The `cost` policy chooses at two levels, because each compatibility group (reque
 share one forward) costs its own forward and an execute runs the chosen groups' forwards back to
 back: stepping every group every round is processor sharing across groups, which stretches every
 request's step time to the sum of all groups' forwards (the H200 mixed trace of 2026-12-02: ~1.1
-requests per forward, p99 1.36x request batching; perf/results/2026-12-02-sim-scheduler.md).
+requests per forward, p99 1.36x request batching; perf/results/2026-12-02-h200-scheduler.md).
 
 - Within a group, order: requests passed over `max_skips` rounds in a row first (the aging
   bound: nobody waits more than `max_skips` consecutive executes), then fewest remaining steps
@@ -188,6 +188,7 @@ class CostPolicy:
             if cost(1) is not None:
                 finish[group] = (min(c.remaining for c in members) * cost(len(plans[group])),
                                  min(c.arrival for c in members))
+
         def overdue(c: Candidate) -> bool:
             return c.skipped >= self.max_skips or c.waited > self.max_slowdown * c.total * model.estimate(c.group, 1)
         stepping = {group for group, members in groups.items() if group not in finish or any(map(overdue, members))}
