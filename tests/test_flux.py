@@ -45,7 +45,7 @@ def test_staggered_requests_of_mixed_sizes_batch_stepwise_and_match_diffusers(fl
     """Two 192x192 requests share forwards at different timesteps, schedules and guidance; a
     96x64 one (another shift mu, so other sigmas) runs beside them in its own group. A tiny
     step takes milliseconds, so the first request is long enough for the second to join it."""
-    requests = [GenerationRequest("a red car", seed=11, num_inference_steps=100, guidance_scale=3.5,
+    requests = [GenerationRequest("a red car", seed=11, num_inference_steps=300, guidance_scale=3.5,
                                   height=192, width=192),
                 GenerationRequest("a blue sea", seed=22, num_inference_steps=50, guidance_scale=5.0,
                                   height=192, width=192),

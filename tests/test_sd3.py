@@ -43,7 +43,7 @@ def test_parity_with_diffusers(sd3_server, sd3_pipe, protocol, request_):
 def test_staggered_cfg_requests_of_mixed_sizes_batch_stepwise_and_match_diffusers(sd3_server, sd3_pipe):
     """Two 192x192 CFG requests share forwards at different timesteps and guidance; a 96x64 one
     runs beside them in its own group."""
-    requests = [GenerationRequest("a red car", seed=11, num_inference_steps=100, guidance_scale=4.0,
+    requests = [GenerationRequest("a red car", seed=11, num_inference_steps=300, guidance_scale=4.0,
                                   height=192, width=192),
                 GenerationRequest("a blue sea", negative_prompt="dark", seed=22, num_inference_steps=50,
                                   guidance_scale=7.0, height=192, width=192),
