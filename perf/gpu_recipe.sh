@@ -51,6 +51,10 @@
 #             20 steps, solo + closed loop at capacity; wan: 81x480x832, 10 steps, solo) ->
 #             $OUT/accel.tgz (perf/accel_bench.py's JSON and server log per row); ~4-5 min per PixArt
 #             row with its build, compile and warm-up (not in `all`)
+#   probe     issue 23: perf/accel_probe.py in process on the full-size PixArt, rows PROBE_ROWS (default:
+#             bf16 eager / compiled / graphed vs our FP8 at 1024 x 2 and x 8 rows) -> $OUT/accel_probe.json
+#             (not in `all`; ~4 min with the build); then the served FP8 row:
+#             ACCEL_ROWS=pixart1024 ACCEL_SETTINGS="transformer=cuda_graphs vae_decode=compile text_encoder=compile fp8=true"
 #   cache     issue 20: perf/cache_frontier.py in process on the full-size PixArt deployment
 #             ($SIZE px, $STEPS steps): lossless vs the CACHE_TIERS thresholds (default
 #             t05=0.05 t10=0.1 t20=0.2), CACHE_PROMPTS (16) prompts in step batches of CACHE_BATCH (8),
@@ -353,6 +357,13 @@ stage_cache() {
         --out "$OUT/cache_frontier.json"
 }
 
+# The component probe (perf/accel_probe.py) on rows PROBE_ROWS: by default bf16 vs FP8
+# (ditserve/fp8.py) at 1024 x 2 and x 8 rows, eager, compiled and in a CUDA graph.
+stage_probe() {
+    "$PY" perf/accel_probe.py --model "$MODEL_DIR" --out "$OUT/accel_probe.json" --deadline-s "$(( $(remaining) - 15 ))" \
+        --only "${PROBE_ROWS:-forward1024x2,compile1024x2,fp8_1024x2,forward1024x8,compile1024x8,fp8_1024x8}"
+}
+
 stage_accel() {
     local row rc=0
     mkdir -p "$WORK/accel"
@@ -579,15 +590,15 @@ main() {
     for s in "${stages[@]}"; do
         case "$s" in
             all) expanded+=(env build baseline smoke control) ;;
-            env|matrix|build|baseline|smoke|control|scheduler|sweeps|soak|video|i2v|accel|cache) expanded+=("$s") ;;
+            env|matrix|build|baseline|smoke|control|scheduler|sweeps|soak|video|i2v|accel|probe|cache) expanded+=("$s") ;;
             -h|--help) awk 'NR > 1 && /^#/ {print; next} NR > 1 {exit}' "$0"; return 0 ;;
-            *) echo "unknown stage: $s (env|matrix|build|baseline|smoke|control|scheduler|sweeps|soak|video|i2v|accel|cache|all)"; return 2 ;;
+            *) echo "unknown stage: $s (env|matrix|build|baseline|smoke|control|scheduler|sweeps|soak|video|i2v|accel|probe|cache|all)"; return 2 ;;
         esac
     done
     mkdir -p "$WORK"
     export REPO_ROOT PY OUT DEADLINE_S DEPLOYMENT MODEL_DIR DEVICE SIZE STEPS WORK START_EPOCH ACCEL_ROWS="${ACCEL_ROWS:-pixart512,pixart1024}" ACCEL_SETTINGS
     export -f log remaining model_ready stage_env stage_build stage_baseline stage_smoke stage_control stage_scheduler collect_control \
-        stage_matrix build_wan_t2v stage_sweeps stage_soak stage_video stage_i2v accel_row stage_accel stage_cache
+        stage_matrix build_wan_t2v stage_sweeps stage_soak stage_video stage_i2v accel_row stage_accel stage_probe stage_cache
     log "stages: ${expanded[*]} (deadline ${DEADLINE_S}s)"
     for s in "${expanded[@]}"; do
         case "$s" in
@@ -603,6 +614,7 @@ main() {
             video) run_timed video 240 stage_video ;;
             i2v) run_timed i2v 300 stage_i2v ;;
             accel) run_timed accel 200 stage_accel ;;
+            probe) ensure_model probe && run_timed probe 150 stage_probe ;;
             cache) ensure_model cache && run_timed cache 240 stage_cache ;;
         esac
     done
