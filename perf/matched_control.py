@@ -494,12 +494,12 @@ def main(argv: list[str] | None = None) -> int:
                               if r.get("server_version")), None))
     wall_s = time.monotonic() - t0
     clean = True
+    fractions = {_load_name(f): f for f in _fractions(args)} if args.load_fractions else {}
     for name, entries in traces.items():
         reports = {mode: reps[name] for mode, reps in by_mode.items() if name in reps}
         if not reports:
             continue
-        fraction = {_load_name(f): f for f in _fractions(args)}.get(name) if name else None
-        load = None if not name else {"name": name, "fraction": fraction, "saturation": saturation}
+        load = None if not name else {"name": name, "fraction": fractions[name], "saturation": saturation}
         md, js = write_results(args, command, info, reports, entries, source, wall_s, interrupted, load)
         v = verdict(reports, args)
         print(f"[matched_control] {name + ': ' if name else ''}verdict: {v['text']}", file=sys.stderr)

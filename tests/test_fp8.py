@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import sys
 
-import numpy as np
 import pytest
 import torch
 
@@ -22,8 +21,9 @@ from ditserve.fp8 import Float8Linear, apply_fp8, eligible
 from helpers import run_staggered
 from test_txt2img import assert_matches
 
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path[:0] = [str(ROOT / "scripts"), str(ROOT / "perf")]
 import shapes_dataset as shapes  # noqa: E402
+from accel_bench import psnr  # noqa: E402  (the benchmarks' PSNR of uint8 images)
 
 STEPS, GUIDANCE = 20, 4.5      # configs/tiny-pixart-shapes.toml [defaults]
 # "The same picture": measured 19.5-38.5 dB against full precision on the shipped weights
@@ -44,11 +44,6 @@ def diffusers_fp8():
     pipe = PixArtSigmaPipeline.from_pretrained(str(TINY_SHAPES))
     apply_fp8(pipe.transformer)
     return pipe
-
-
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = np.mean((a.astype(float) - b.astype(float)) ** 2)
-    return float("inf") if mse == 0 else 10 * np.log10(255.0 ** 2 / mse)
 
 
 def test_served_fp8_equals_diffusers_with_fp8_and_stays_near_full_precision(fp8_server, diffusers_fp8,
