@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import json
 import re
 import shlex
@@ -80,8 +81,9 @@ def shape_of(entry: dict) -> Shape:
     return Shape(entry["height"], entry["width"], entry["guidance_scale"] > 1.0)
 
 
-def fit_costs(solo_ms: dict[str, float]) -> dict[Shape, Cost]:
-    """Per-shape step and fixed seconds from solo latencies keyed like '1024x1024-30steps-cfg'."""
+def fit_costs(solo_ms: dict[str, float], default_fixed_s: float) -> dict[Shape, Cost]:
+    """Per-shape step and fixed seconds from solo latencies keyed like '1024x1024-30steps-cfg';
+    a size measured at one step count only takes `default_fixed_s`."""
     by_shape: dict[Shape, dict[int, float]] = defaultdict(dict)
     for key, ms in solo_ms.items():
         h, w, steps, cfg = re.fullmatch(r"(\d+)x(\d+)-(\d+)steps-(cfg|nocfg)", key).groups()
@@ -96,7 +98,7 @@ def fit_costs(solo_ms: dict[str, float]) -> dict[Shape, Cost]:
     for shape, solo in by_shape.items():
         if shape not in costs:
             (steps, seconds), = solo.items()
-            fixed = fixed_of_size[shape.height, shape.width]
+            fixed = fixed_of_size.get((shape.height, shape.width), default_fixed_s)
             costs[shape] = Cost((seconds - fixed) / steps, fixed)
     return costs
 
@@ -182,7 +184,6 @@ class Sim:
                 if r.step_index == r.total_steps:
                     r.done_at = clock + self.costs[r.shape].fixed_s - self.pre_s
                     active.remove(r)
-                    scheduler.forget(r.key)
                     done.append(r)
         return done
 
@@ -198,14 +199,21 @@ def load_old_scheduler(ref: str):
     return module
 
 
-class WithoutClock:
-    """An earlier StepScheduler, whose `select` read no clock (it had no time-based bound)."""
+class EarlierScheduler:
+    """An earlier StepScheduler whose `select` read no clock (before the time-based bound) or
+    that kept skip counts to forget (before 2026-12-02's session 12)."""
 
     def __init__(self, scheduler):
         self.scheduler = scheduler
+        self.clock = "now" in inspect.signature(scheduler.select).parameters
 
     def select(self, states: list, now: float) -> set[str]:
-        return self.scheduler.select(states)
+        chosen = self.scheduler.select(states, now) if self.clock else self.scheduler.select(states)
+        if hasattr(self.scheduler, "forget"):
+            for state in states:
+                if state.key in chosen and state.step_index + 1 == state.total_steps:
+                    self.scheduler.forget(state.key)
+        return chosen
 
     def __getattr__(self, name: str):
         return getattr(self.scheduler, name)
@@ -215,7 +223,7 @@ def make_scheduler(policy: str, old_module, max_slowdown: float):
     if policy in ("request_batch", "step:all"):
         return current_scheduler.StepScheduler("all")
     if policy == "step:cost-old":
-        return WithoutClock(old_module.StepScheduler("cost"))
+        return EarlierScheduler(old_module.StepScheduler("cost"))
     return current_scheduler.StepScheduler("cost", max_slowdown=max_slowdown)
 
 
@@ -273,10 +281,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--control", action="append", help="matched-control JSON(s); trace, solo and measured numbers "
                    f"from the first, measured numbers from the others (default {' '.join(CONTROLS)})")
     p.add_argument("--solo-mode", default="step:cost", help="whose solo latencies give the per-shape costs")
-    p.add_argument("--old-ref", default="d12d9e1", help="git revision of the previous `cost` policy")
+    p.add_argument("--old-ref", default="c96ef31", help="git revision of the previous `cost` policy")
     p.add_argument("--batching", default="curve", choices=("curve", "none"))
     p.add_argument("--overhead-ms", type=float, default=1.0, help="per execute (served 48.9 vs raw 47.8 ms/step)")
     p.add_argument("--pre-ms", type=float, default=50.0, help="encode and hop, before dit")
+    p.add_argument("--fixed-ms", type=float, default=250.0,
+                   help="encode, hops and decode of a size the control measured at one step count only "
+                        "(1024px, 20 steps: solo 1233 ms - 20 x ~49 ms forwards)")
     p.add_argument("--capacity", type=int, default=16)
     p.add_argument("--max-slowdown", type=float, default=2.0, help="step:cost's [engine] max_slowdown")
     p.add_argument("--slowdown", type=float, default=None,
@@ -290,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     paths = args.control or CONTROLS
     controls = [json.loads((ROOT / path).read_text()) for path in paths]
-    costs = fit_costs(controls[0]["reports"][args.solo_mode]["solo_latency_ms"])
+    costs = fit_costs(controls[0]["reports"][args.solo_mode]["solo_latency_ms"], args.fixed_ms / 1000)
     trace = controls[0]["trace"]
     slowdown = args.slowdown or measured_slowdown(controls[0]["reports"]["request_batch"], trace, costs)
     sim_args = dict(costs=costs, batching=args.batching, overhead_s=args.overhead_ms / 1000,

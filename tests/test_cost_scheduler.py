@@ -18,7 +18,7 @@ from test_step_batching import assert_each_streamed_and_matches
 def cost_server(tmp_path_factory):
     deployment = tmp_path_factory.mktemp("cost-deployment") / "tiny-pixart-cost.toml"
     write_variant(ROOT / "configs" / "tiny-pixart-sigma.toml", deployment,
-                  {"scheduler": "cost", "max_skips": 4}, "tests/test_cost_scheduler.py")
+                  {"scheduler": "cost"}, "tests/test_cost_scheduler.py")
     with deployment.open("a") as toml:  # forwards cost 20 ms per request: batching gains nothing, so some wait
         toml.write('\n[[faults.rules]]\npoint = "denoise"\naction = "sleep"\nseconds_per_row = 0.02\n')
     yield from serve(rendered_server(tmp_path_factory, deployment, TINY_PIXART, "cost-server"))

@@ -23,10 +23,12 @@ def model_of(curve: dict[int, float], group: tuple = GROUP) -> CostModel:
     return model
 
 
-def candidates(remaining: list[int], skipped: list[int] | None = None, group: tuple = GROUP) -> list[Candidate]:
-    skipped = skipped or [0] * len(remaining)
-    return [Candidate(f"r{i}", group, steps, skip, float(i), steps, 0.0)
-            for i, (steps, skip) in enumerate(zip(remaining, skipped))]
+def candidates(remaining: list[int], waited: list[float] | None = None, group: tuple = GROUP,
+               total: int = 40) -> list[Candidate]:
+    """Requests that have stepped already (`total` steps in all) and are not overdue unless `waited` says."""
+    waited = waited or [0.0] * len(remaining)
+    return [Candidate(f"r{i}", group, steps, float(i), total, wait)
+            for i, (steps, wait) in enumerate(zip(remaining, waited))]
 
 
 def test_cost_model_interpolates_and_is_optimistic_where_it_has_not_measured():
@@ -112,15 +114,39 @@ def test_single_group_keeps_the_within_group_rule():
     policy = CostPolicy()
     for curve, remaining in [(CHEAP_512, [20] * 8), (DEAR_1024, [20] * 8), (DEAR_1024, [26, 26, 26, 4]),
                              ({1: 0.1, 8: 0.8}, [30, 30, 4, 12])]:
-        model, ordered = model_of(curve), policy.order(candidates(remaining))
+        model = model_of(curve)
+        ordered = policy.order(candidates(remaining), model)
         expected = ordered[:policy.slots(ordered, lambda n: model.estimate(GROUP, n))]
         assert policy.choose(candidates(remaining), model) == {c.key for c in expected}
 
 
-def test_aged_requests_step_with_their_group_beside_the_best_one():
+def test_overdue_requests_go_first_oldest_first():
+    """The stretch bound: past max_slowdown x its time alone (40 steps x 0.1 s x 2 = 8 s here), a
+    request goes ahead of SRPT's choice; among overdue ones the oldest goes first (FCFS, so a
+    backlog turns into request order, not into processor sharing)."""
+    model = model_of({1: 0.1, 8: 0.8})
+    assert CostPolicy().choose(candidates([30, 4, 30], waited=[9.0, 0.0, 8.5]), model) == {"r0"}
+    assert CostPolicy().choose(candidates([30, 4, 30], waited=[7.0, 0.0, 8.5]), model) == {"r2"}
+    assert CostPolicy().choose(candidates([30, 4, 30]), model) == {"r1"}, "nobody overdue: SRPT"
+
+
+def test_the_group_holding_the_oldest_overdue_request_steps_alone():
     model = two_groups(CHEAP_512, {1: 0.1, 8: 0.8})
-    chosen = CostPolicy(max_skips=3).choose(candidates([4, 4]) + big([30, 30], skipped=[3, 1]), model)
-    assert chosen == {"r0", "r1", "r0-big"}, "the best group, plus the aged request (its group's k is 1)"
+    late = big([30, 30])
+    late[1].waited = 9.0
+    assert CostPolicy().choose(candidates([4, 4]) + late, model) == {"r1-big"}, \
+        "not beside the best group: stepping several groups each round is processor sharing"
+
+
+def test_new_requests_take_their_first_step_at_once():
+    """Time to first step: a request not stepped yet joins this round's forwards, in its group
+    (here beside the one SRPT picked) or as its group's own forward."""
+    model = two_groups({1: 0.1, 8: 0.8}, {1: 0.1, 8: 0.8})
+    running = candidates([10, 20])
+    fresh = Candidate("new", GROUP, 20, 5.0, 20, 0.0)
+    assert CostPolicy().choose(running + [fresh], model) == {"r0", "new"}
+    fresh_big = Candidate("new-big", BIG, 20, 5.0, 20, 0.0)
+    assert CostPolicy().choose(running + [fresh_big], model) == {"r0", "new-big"}
 
 
 def test_an_unmeasured_group_steps_at_once_beside_measured_ones():
@@ -162,7 +188,6 @@ def run_rounds(scheduler: StepScheduler, live: list, arrivals, watch: str, round
         gaps.append(since)
         for state in [s for s in live if s.step_index == s.total_steps]:
             live.remove(state)
-            scheduler.forget(state.key)
         if all(s.key != watch for s in live):
             return gaps
     raise AssertionError(f"{watch} did not finish in {rounds} rounds")
@@ -173,33 +198,20 @@ def short_stream(every: int = 1, group: tuple = GROUP):
     return lambda r: [FakeState(f"s{r}", 4, admitted_at=r * ROUND, compat_key=group)] if r % every == 0 else []
 
 
-def test_no_request_starves_behind_a_stream_of_short_ones():
-    """A 30-step request amid ever-arriving 4-step ones (no batching gain) still steps at
-    least once every max_skips + 1 rounds, and finishes."""
-    scheduler = StepScheduler("cost", max_skips=3, max_slowdown=1e9)
-    scheduler.model = model_of({1: 0.1, 8: 0.8})
-    assert max(run_rounds(scheduler, [FakeState("long", 30)], short_stream(every=2), "long")) <= 3
-
-
-def test_no_request_starves_behind_a_stream_of_short_ones_in_other_groups():
-    """Across groups: a long expensive request amid a continuous stream of cheap 4-step
-    requests of another group is passed over at most max_skips rounds in a row."""
-    for max_skips in (1, 3, 8):
-        scheduler = StepScheduler("cost", max_skips=max_skips, max_slowdown=1e9)
-        scheduler.model = two_groups(CHEAP_512, DEAR_1024)
-        gaps = run_rounds(scheduler, [FakeState("long", 30, compat_key=BIG)], short_stream(), "long")
-        assert max(gaps) == max_skips, "the stream does keep it waiting, but never past the bound"
-
-
-def test_a_request_past_max_slowdown_steps_every_round():
-    """The stretch bound: once a request has been in dit for max_slowdown x its estimated time
-    alone (30 steps x 47 ms here), its group steps every round beside the best one."""
+@pytest.mark.parametrize("curves, group", [
+    (({1: 0.1, 8: 0.8},), GROUP),            # one group, no batching gain
+    ((CHEAP_512, DEAR_1024), BIG),           # an expensive request amid cheap ones of another group
+], ids=["same-group", "other-group"])
+def test_no_request_starves_behind_a_stream_of_short_ones(curves, group):
+    """A 30-step request amid ever-arriving 4-step ones: SRPT passes it over while it is within
+    max_slowdown x its time alone; past that it steps every round until it finishes."""
     scheduler = StepScheduler("cost", max_slowdown=2.0)
-    scheduler.model = two_groups(CHEAP_512, DEAR_1024)
-    gaps = run_rounds(scheduler, [FakeState("long", 30, compat_key=BIG)], short_stream(), "long")
-    bound = int(2.0 * 30 * DEAR_1024[1] / ROUND) + 1    # the first round it is past the bound
-    assert max(gaps[:bound]) == 8, "before: passed over up to max_skips rounds (SRPT favours the stream)"
-    assert not any(gaps[bound:]), "after: stepped every round"
+    scheduler.model = model_of(curves[0]) if len(curves) == 1 else two_groups(*curves)
+    long = FakeState("long", 30, step_index=1, compat_key=group)       # stepped once on arrival
+    gaps = run_rounds(scheduler, [long], short_stream(every=2 if group == GROUP else 1), "long")
+    bound = int(2.0 * 30 * scheduler.model.estimate(group, 1) / ROUND) + 1   # first round past the bound
+    assert max(gaps[:bound]) > 0, "before the bound the stream goes first (SRPT)"
+    assert not any(gaps[bound:]), "after it, stepped every round"
 
 
 def test_all_scheduler_steps_every_ready_request():
@@ -210,7 +222,7 @@ def test_all_scheduler_steps_every_ready_request():
 @pytest.mark.parametrize("engine, message", [
     ('scheduler = "fast"', "scheduler='fast'; allowed: all, cost"),
     ('mode = "request_batch"\nscheduler = "cost"', 'needs mode = "step"'),
-    ('scheduler = "cost"\nmax_skips = 0', "max_skips=0; allowed: an integer >= 1"),
+    ('scheduler = "cost"\nmax_skips = 8', "unknown keys ['max_skips']"),
     ('scheduler = "cost"\nthroughput_floor = 1.5', "throughput_floor=1.5; allowed: a number in (0, 1]"),
     ('scheduler = "cost"\nmax_slowdown = 0.5', "max_slowdown=0.5; allowed: a number >= 1"),
 ])

@@ -101,12 +101,11 @@ class EngineSection:
     media_on_host: bool = True
     # Which ready generations step in each execute (ditserve/scheduler.py): "all" = every one
     # (processor sharing), "cost" = the subset a learned forward-cost curve says pays, fewest
-    # remaining steps first; step mode only. Its knobs: a request passed over `max_skips`
-    # executes in a row steps in the next one; the subset keeps at least `throughput_floor`
-    # of the best throughput on the curve; `cost_ewma` weighs each new forward timing; a
-    # request in dit for over `max_slowdown` x its estimated time alone steps every execute.
+    # remaining steps first; step mode only. Its knobs: the subset keeps at least
+    # `throughput_floor` of the best throughput on the curve; `cost_ewma` weighs each new
+    # forward timing; a request in dit for over `max_slowdown` x its estimated time alone goes
+    # ahead of every request that is not (oldest first).
     scheduler: str = "all"
-    max_skips: int = 8
     throughput_floor: float = 0.9
     cost_ewma: float = 0.3
     max_slowdown: float = 2.0
@@ -307,8 +306,6 @@ def _check_scheduler(engine: EngineSection) -> None:
     if engine.scheduler != "all" and engine.mode != "step":
         raise ValueError(f"deployment [engine] scheduler={engine.scheduler!r} needs mode = \"step\", "
                          f"got mode={engine.mode!r}")
-    if not isinstance(engine.max_skips, int) or isinstance(engine.max_skips, bool) or engine.max_skips < 1:
-        raise ValueError(f"deployment [engine] max_skips={engine.max_skips!r}; allowed: an integer >= 1")
     for name in ("throughput_floor", "cost_ewma"):
         value = getattr(engine, name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:

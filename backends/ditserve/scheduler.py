@@ -123,10 +123,14 @@ class Candidate:
     key: str
     group: tuple        # compatibility key: requests of one group share a forward
     remaining: int      # denoise steps left
-    skipped: int        # consecutive rounds it was ready and not stepped
     arrival: float      # admission time (tie-break: earlier first)
     total: int          # denoise steps in all
     waited: float       # seconds since admission
+
+    @property
+    def new(self) -> bool:
+        """Not stepped yet: its first step is due now (time to first step)."""
+        return self.remaining == self.total
 
 
 def sum_of_completions(remaining: list[int], slots: int, cost) -> float:
@@ -150,62 +154,69 @@ def sum_of_completions(remaining: list[int], slots: int, cost) -> float:
 
 @dataclass(frozen=True)
 class CostPolicy:
-    max_skips: int = 8
     throughput_floor: float = 0.9
     max_slowdown: float = 2.0
 
-    def order(self, candidates: list[Candidate]) -> list[Candidate]:
-        """Aged requests first (longest passed over first), then fewest remaining steps."""
+    def overdue(self, c: Candidate, model: CostModel) -> bool:
+        """In dit for longer than `max_slowdown` x its estimated time alone (the stretch bound)."""
+        alone = model.estimate(c.group, 1)
+        return alone is not None and c.waited > self.max_slowdown * c.total * alone
+
+    def order(self, candidates: list[Candidate], model: CostModel) -> list[Candidate]:
+        """Overdue requests first, oldest first; then fewest remaining steps, ties by arrival."""
         def rank(c: Candidate) -> tuple:
-            if c.skipped >= self.max_skips:
-                return (0, -c.skipped, c.arrival, c.key)
+            if self.overdue(c, model):
+                return (0, c.arrival, 0, c.key)
             return (1, c.remaining, c.arrival, c.key)
         return sorted(candidates, key=rank)
 
-    def slots(self, ordered: list[Candidate], cost) -> int:
-        """How many of `ordered` (one group) step this round; `cost(n)` -> seconds or None."""
-        n = len(ordered)
-        aged = sum(c.skipped >= self.max_skips for c in ordered)
+    def slots(self, members: list[Candidate], cost) -> int:
+        """How many of one group's `members` step this round; `cost(n)` -> seconds or None. Sized
+        on the group's work in SRPT order (who fills the slots is `order`'s business): sized on
+        an order with overdue requests first, more slots would only serve to run SRPT's choice
+        beside them, which is processor sharing."""
+        n = len(members)
         if n == 0 or cost(1) is None:
             return n   # nothing measured for this group yet: step all, which measures it
-        throughput = {k: k / cost(k) for k in range(max(aged, 1), n + 1)}
+        throughput = {k: k / cost(k) for k in range(1, n + 1)}
         best = max(throughput.values())
         allowed = [k for k, t in throughput.items() if t >= self.throughput_floor * best]
-        remaining = [c.remaining for c in ordered]
+        remaining = sorted(c.remaining for c in members)
         return min(allowed, key=lambda k: (sum_of_completions(remaining, k, cost), -k))
 
     def choose(self, candidates: list[Candidate], model: CostModel) -> set[str]:
-        """Keys to step now; the rest wait a round (their `skipped` is the caller's to count)."""
+        """Keys to step now; the rest wait a round."""
         groups: dict[tuple, list[Candidate]] = {}
         for candidate in candidates:
             groups.setdefault(candidate.group, []).append(candidate)
-        plans: dict[tuple, list[Candidate]] = {}   # group -> the members it steps if it steps
-        finish: dict[tuple, tuple] = {}            # measured group -> (head's estimated finish, arrival)
+        chosen: set[str] = set()
+        urgency: dict[tuple, tuple] = {}   # measured group -> rank of the group (lowest steps)
+        plans: dict[tuple, list[Candidate]] = {}
         for group, members in groups.items():
-            ordered = self.order(members)
             cost = lambda size, group=group: model.estimate(group, size)  # noqa: E731
-            plans[group] = ordered[:self.slots(ordered, cost)]
-            if cost(1) is not None:
-                finish[group] = (min(c.remaining for c in members) * cost(len(plans[group])),
-                                 min(c.arrival for c in members))
-
-        def overdue(c: Candidate) -> bool:
-            return c.skipped >= self.max_skips or c.waited > self.max_slowdown * c.total * model.estimate(c.group, 1)
-        stepping = {group for group, members in groups.items() if group not in finish or any(map(overdue, members))}
-        if finish:
-            stepping.add(min(finish, key=finish.get))
-        return {c.key for group in stepping for c in plans[group]}
+            ordered = self.order(members, model)
+            plans[group] = ordered[:self.slots(members, cost)]
+            if cost(1) is None:
+                chosen.update(c.key for c in members)     # unmeasured: step all once, which measures it
+                continue
+            late = [c.arrival for c in members if self.overdue(c, model)]
+            urgency[group] = ((0, min(late)) if late else
+                              (1, min(c.remaining for c in members) * cost(len(plans[group])),
+                               min(c.arrival for c in members)))
+        if urgency:
+            chosen.update(c.key for c in plans[min(urgency, key=urgency.get)])
+        chosen.update(c.key for c in candidates if c.new)
+        return chosen
 
 
 class StepScheduler:
-    """The stage's scheduler: the policy, its cost model and each request's skip count."""
+    """The stage's scheduler: the policy and its cost model."""
 
-    def __init__(self, kind: str = "all", max_skips: int = 8, throughput_floor: float = 0.9, cost_ewma: float = 0.3,
+    def __init__(self, kind: str = "all", throughput_floor: float = 0.9, cost_ewma: float = 0.3,
                  max_slowdown: float = 2.0):
         self.kind = kind
-        self.policy = CostPolicy(max_skips, throughput_floor, max_slowdown)
+        self.policy = CostPolicy(throughput_floor, max_slowdown)
         self.model = CostModel(cost_ewma)
-        self.skipped: dict[str, int] = {}
 
     def select(self, states: list, now: float | None = None) -> set[str]:
         """Keys of the `states` (engine.RequestState, all with steps left) to step this round;
@@ -214,18 +225,12 @@ class StepScheduler:
             return {s.key for s in states}
         self.model.resolve()
         now = time.monotonic() if now is None else now
-        candidates = [Candidate(s.key, s.compat_key, s.total_steps - s.step_index, self.skipped.get(s.key, 0),
-                                s.admitted_at, s.total_steps, now - s.admitted_at) for s in states]
-        chosen = self.policy.choose(candidates, self.model)
-        for c in candidates:
-            self.skipped[c.key] = 0 if c.key in chosen else c.skipped + 1
-        return chosen
+        candidates = [Candidate(s.key, s.compat_key, s.total_steps - s.step_index, s.admitted_at, s.total_steps,
+                                now - s.admitted_at) for s in states]
+        return self.policy.choose(candidates, self.model)
 
     def observe(self, timings: list[tuple[tuple, int, ForwardTimer]]) -> None:
         """The forwards a step ran: (compatibility key, requests, timer)."""
         if self.kind == "cost":
             for timing in timings:
                 self.model.add_timer(*timing)
-
-    def forget(self, key: str) -> None:
-        self.skipped.pop(key, None)

@@ -102,8 +102,7 @@ class DitStage:
         adapter = adapter_for(self.deployment.model.family)(self.deployment, "dit", instance_device(args))
         self.engine = StepEngine(adapter, injector(self.deployment, "dit"))
         engine = self.deployment.engine
-        self.scheduler = StepScheduler(engine.scheduler, engine.max_skips, engine.throughput_floor, engine.cost_ewma,
-                                       engine.max_slowdown)
+        self.scheduler = StepScheduler(engine.scheduler, engine.throughput_floor, engine.cost_ewma, engine.max_slowdown)
         self.accel_metrics = warm_up(adapter, args["model_name"])
         warm_request_path(args["model_name"], lambda: self._warm_request_path(adapter))
         pipeline = stage_names(model_config).pipeline
@@ -234,7 +233,6 @@ class DitStage:
 
     def _release(self, key: str) -> None:
         self.engine.release(key)
-        self.scheduler.forget(key)
         self.cancels.discard(key)
         self.metrics.state_table.set(len(self.engine))
 
@@ -242,7 +240,6 @@ class DitStage:
         idle = self.deployment.engine.gc_idle_seconds
         for key in self.engine.collect_garbage(live, idle):
             self.cancels.discard(key)
-            self.scheduler.forget(key)
             self.metrics.garbage.increment(1)
         self.cancels.collect_garbage(idle)
         self.handoff.collect_garbage(idle)
