@@ -449,7 +449,8 @@ def _region_pool(url: str, entries: list[dict]):
 # ---- server-side observations ------------------------------------------------------------
 
 def scrape(metrics_url: str) -> dict[tuple[str, str], float]:
-    """{(sample name, model label): value} for every non-bucket sample on /metrics."""
+    """{(sample name, model label): value} for every sample on /metrics; a histogram bucket's
+    name carries its bound, e.g. `ditserve_step_batch_size_bucket{le=2}`."""
     text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
     samples: dict[tuple[str, str], float] = {}
     for line in text.splitlines():
@@ -457,9 +458,8 @@ def scrape(metrics_url: str) -> dict[tuple[str, str], float]:
         if not m:
             continue
         labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
-        if "le" in labels:
-            continue
-        key = (m.group(1), labels.get("model", ""))
+        name = f"{m.group(1)}{{le={labels['le']}}}" if "le" in labels else m.group(1)
+        key = (name, labels.get("model", ""))
         samples[key] = samples.get(key, 0.0) + float(m.group(3))
     return samples
 
@@ -471,6 +471,19 @@ def metric_delta(before: dict, after: dict, name: str, model: str) -> float:
 def histogram_mean(before: dict, after: dict, name: str, model: str) -> float | None:
     count = metric_delta(before, after, f"{name}_count", model)
     return metric_delta(before, after, f"{name}_sum", model) / count if count > 0 else None
+
+
+def bucket_counts(before: dict, after: dict, name: str, model: str) -> dict[str, int]:
+    """Observations per histogram bucket between two scrapes, {"<= bound": count} (not cumulative)."""
+    prefix = f"{name}_bucket{{le="
+    bounds = sorted((key[0][len(prefix):-1] for key in after if key[1] == model and key[0].startswith(prefix)),
+                    key=float)
+    counts, below = {}, 0
+    for bound in bounds:
+        cumulative = int(metric_delta(before, after, f"{prefix}{bound}}}", model))
+        counts[f"<= {bound}"] = cumulative - below
+        below = cumulative
+    return counts
 
 
 OUTCOME_COUNTERS = {"completed": "ditserve_requests_completed_total", "cancelled": "ditserve_requests_cancelled_total",
@@ -519,6 +532,7 @@ def server_summary(before: dict, after: dict, model: str = MODEL) -> dict:
     batch = histogram_mean(before, after, "ditserve_step_batch_size", dit)
     out["mean_step_batch_size"] = None if batch is None else round(batch, 3)
     out["step_batches"] = int(metric_delta(before, after, "ditserve_step_batch_size_count", dit))
+    out["step_batch_size_histogram"] = bucket_counts(before, after, "ditserve_step_batch_size", dit)
     out["mean_step_duration_ms"] = ms(histogram_mean(before, after, "ditserve_step_duration_seconds", dit))
     return out
 

@@ -78,13 +78,15 @@ def render_repository(deployment: Path, out: Path) -> None:
 
 # ---- one mode ----------------------------------------------------------------------------
 
-def run_mode(mode: str, args, traces: dict[str, list[dict]], source: str, work: Path,
-             saturation: dict | None = None) -> dict[str, dict]:
-    """One server for `mode`; every trace of `traces` (name -> entries) replayed on it in order.
+def run_mode(mode: str, args, traces: dict[str, list[dict]], source: str, work: Path, reports: dict[str, dict],
+             saturation: dict | None = None) -> None:
+    """One server for `mode`; every trace of `traces` (name -> entries) replayed on it in order,
+    each loadgen report put in `reports` (name -> report) as soon as it is done, so that an
+    interrupt while the server stops keeps them (an H200 run lost a finished mode that way).
 
     With `saturation` (a dict to fill, `--load-fractions`), the closed-loop saturation is measured
     on this server first and `traces` is filled from it (the first mode only; later modes replay
-    the same traces). Returns name -> loadgen report."""
+    the same traces)."""
     label = mode.replace(":", "-")   # step:cost -> step-cost in file names
     deployment, capacity = write_mode_deployment(Path(args.deployment).resolve(), mode, args.capacity,
                                                  work / f"deployment-{label}.toml")
@@ -97,7 +99,6 @@ def run_mode(mode: str, args, traces: dict[str, list[dict]], source: str, work: 
     print(f"[matched_control] {mode}: starting tritonserver (capacity {capacity}, log {server.log_path})",
           file=sys.stderr, flush=True)
     t = time.monotonic()
-    reports: dict[str, dict] = {}
     complete = False
     server.start()
     try:
@@ -117,6 +118,8 @@ def run_mode(mode: str, args, traces: dict[str, list[dict]], source: str, work: 
             report = asyncio.run(loadgen.run(cfg))
             tag = f"{mode} {name}" if name else mode
             print(f"[matched_control] {tag}:\n{loadgen.format_summary(report)}", file=sys.stderr, flush=True)
+            report.update(mode=mode, capacity=capacity, server_ready_s=round(ready_s, 1), server_version=version,
+                          deployment_toml=deployment.read_text())
             reports[name] = report
             if report.get("lost") or report.get("failed_requests"):
                 break
@@ -134,11 +137,12 @@ def run_mode(mode: str, args, traces: dict[str, list[dict]], source: str, work: 
     log = Path(server.log_path).read_text(errors="replace").splitlines() if server.log_path else []
     harmless = re.compile(r"CudaDriverHelper|NVML|DCGM|pinned memory|Exit timeout expired")
     problems = [ln for ln in log if (re.match(r"^E\d{4} ", ln) or "Traceback" in ln) and not harmless.search(ln)]
-    for report in reports.values():
-        report.update(mode=mode, capacity=capacity, server_ready_s=round(ready_s, 1), server_stop_s=round(stop_s, 1),
-                      server_version=version, server_log_errors=problems[:20],
-                      deployment_toml=deployment.read_text())
-    return reports
+    curves = [ln.split("scheduler cost curves", 1)[1].strip(" :\"") for ln in log if "scheduler cost curves" in ln]
+    for report in reports.values():   # the cost curves dit learned (logged as it unloads; `cost` only)
+        report.update(server_stop_s=round(stop_s, 1), server_log_errors=problems[:20],
+                      scheduler_cost_curves=curves[-1] if curves else None)
+    if curves:
+        print(f"[matched_control] {mode}: learned {curves[-1]}", file=sys.stderr, flush=True)
 
 
 # ---- load ladder (--load-fractions) --------------------------------------------------------
@@ -478,10 +482,11 @@ def main(argv: list[str] | None = None) -> int:
     ok, interrupted = False, None
     try:
         for mode in modes:
-            by_mode[mode] = run_mode(mode, args, traces, source, work, saturation)
+            run_mode(mode, args, traces, source, work, by_mode.setdefault(mode, {}), saturation)
         ok = True
     except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, a caller's deadline: keep what finished
-        interrupted = f"interrupted ({exc or 'SIGINT'}) after modes: {', '.join(by_mode) or 'none'}"
+        finished = [f"{mode} ({len(reps)}/{len(traces)} traces)" for mode, reps in by_mode.items() if reps]
+        interrupted = f"interrupted ({exc or 'SIGINT'}) with {', '.join(finished) or 'nothing'} done"
         print(f"[matched_control] {interrupted}", file=sys.stderr)
     finally:
         if args.keep_workdir or not ok:

@@ -98,6 +98,11 @@ class CostModel:
                 self.observe(group, size, seconds)
         self.pending = waiting
 
+    def describe(self) -> str:
+        """The learned curves in ms, one `group: {requests: ms}` per group (for the server log)."""
+        return "; ".join(f"{group}: {{{', '.join(f'{k}: {1000 * v:.1f}' for k, v in sorted(curve.items()))}}}"
+                         for group, curve in self.curves.items()) or "nothing measured"
+
     def estimate(self, group: tuple, size: int) -> float | None:
         """Seconds of a forward of `size` requests of `group`; None before any observation."""
         curve = self.curves.get(group)
