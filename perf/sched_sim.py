@@ -153,7 +153,17 @@ class Sim:
     pre_s: float
     capacity: int
     slowdown: float
+    timing_noise: float = 0.0     # sigma of the slowdown on the forward times the scheduler sees (not the clock's)
+    seed: int = 0
     forwards: list[int] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.rng = np.random.default_rng(self.seed)
+
+    def noise(self) -> float:
+        """What the GPU's timer adds: another process's kernels (text_encoder, vae_decode) time-slice
+        with the forward, so the scheduler sees its forwards slower by a random factor."""
+        return float(np.exp(abs(self.rng.normal(0.0, self.timing_noise)))) if self.timing_noise else 1.0
 
     def forward_s(self, shape: Shape, k: int) -> float:
         return (self.costs[shape].step_s - self.overhead_s) * self.slowdown * batch_factor(shape, k, self.batching)
@@ -176,7 +186,7 @@ class Sim:
                 groups[r.shape] += r.key in chosen
             timings = [((s.height, s.width, s.cfg), k, SimTimer(self.forward_s(s, k))) for s, k in groups.items() if k]
             clock += self.overhead_s + sum(t.seconds() for _, _, t in timings)
-            scheduler.observe(timings)
+            scheduler.observe([(g, k, SimTimer(t.seconds() * self.noise())) for g, k, t in timings])
             self.forwards += [k for _, k, _ in timings]
             for r in [r for r in active if r.key in chosen]:
                 r.step_index += 1
@@ -293,6 +303,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slowdown", type=float, default=None,
                    help="dit forwards under load vs solo "
                         "(default: the control's request_batch dit step time / the fit's)")
+    p.add_argument("--timing-noise", type=float, default=0.0,
+                   help="sigma of the slowdown exp(|N(0, sigma)|) on the forward times the scheduler observes "
+                        "(contention only lengthens them; the clock keeps the true ones)")
     p.add_argument("--synthetic", action="append", default=[], metavar="LABEL:SIZES:LOAD",
                    help="also a Poisson trace, e.g. 512-only:512:0.8 (load = fraction of one-at-a-time saturation)")
     p.add_argument("--n", type=int, default=400, help="requests per synthetic trace")
@@ -305,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     trace = controls[0]["trace"]
     slowdown = args.slowdown or measured_slowdown(controls[0]["reports"]["request_batch"], trace, costs)
     sim_args = dict(costs=costs, batching=args.batching, overhead_s=args.overhead_ms / 1000,
-                    pre_s=args.pre_ms / 1000, capacity=args.capacity, slowdown=slowdown)
+                    pre_s=args.pre_ms / 1000, capacity=args.capacity, slowdown=slowdown,
+                    timing_noise=args.timing_noise, seed=args.seed)
     old = load_old_scheduler(args.old_ref)
     load = utilisation(trace, costs, slowdown)
     scenarios = [(f"H200 control trace: {controls[0]['source']} ({load:.2f} of saturation)", trace)]

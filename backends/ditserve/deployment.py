@@ -102,9 +102,10 @@ class EngineSection:
     # Which ready generations step in each execute (ditserve/scheduler.py): "all" = every one
     # (processor sharing), "cost" = the subset a learned forward-cost curve says pays, fewest
     # remaining steps first; step mode only. Its knobs: the subset keeps at least
-    # `throughput_floor` of the best throughput on the curve; `cost_ewma` weighs each new
-    # forward timing; a request in dit for over `max_slowdown` x its estimated time alone goes
-    # ahead of every request that is not (oldest first).
+    # `throughput_floor` of the best throughput on the curve; `cost_ewma` weighs a faster
+    # forward timing (a slower one gets a tenth of it); a request in dit for over
+    # `max_slowdown` x its estimated time alone goes ahead of every request that is not
+    # (oldest first).
     scheduler: str = "all"
     throughput_floor: float = 0.9
     cost_ewma: float = 0.3

@@ -69,10 +69,17 @@ class ForwardTimer:
 
 
 class CostModel:
-    """Forward seconds per (compatibility key, requests in the forward): an EWMA of observed
-    forwards. Unobserved sizes are estimated optimistically, so that they get tried once:
-    between two observed sizes linearly; above the largest as free (same cost); below the
-    smallest as proportional to the size (no batching gain)."""
+    """Forward seconds per (compatibility key, requests in the forward): a low quantile (about
+    the 10th percentile) of the observed forwards, tracked by an EWMA that follows a faster
+    forward with weight `ewma` and a slower one with a tenth of it. The stages share the GPU as
+    separate processes, so their kernels lengthen a forward's timed span at random and only
+    ever lengthen it: a mean lets that noise decide which batch size looks cheap (simulated in
+    perf/sched_sim.py --timing-noise; on the H200 at 1024px `cost` batched requests that cost
+    no less together, 2026-12-02). Unobserved sizes are estimated optimistically, so that they
+    get tried once: between two observed sizes linearly; above the largest as free (same cost);
+    below the smallest as proportional to the size (no batching gain)."""
+
+    RISE = 0.1   # a slower forward moves the estimate by RISE x ewma of the difference
 
     def __init__(self, ewma: float = 0.3):
         self.ewma = ewma
@@ -82,7 +89,8 @@ class CostModel:
     def observe(self, group: tuple, size: int, seconds: float) -> None:
         curve = self.curves.setdefault(group, {})
         old = curve.get(size)
-        curve[size] = seconds if old is None else (1 - self.ewma) * old + self.ewma * seconds
+        weight = self.ewma if old is None or seconds < old else self.ewma * self.RISE
+        curve[size] = seconds if old is None else old + weight * (seconds - old)
 
     def add_timer(self, group: tuple, size: int, timer: ForwardTimer) -> None:
         self.pending.append((group, size, timer))
