@@ -28,6 +28,9 @@ Model of the server (assumptions; the numbers come from the control JSON):
   1261 ms, p99 5581 vs 6182, mean 2025 vs 2100, TTFS p50 162 vs 191) but request_batch comes
   out slower than measured (p99 6529 vs 4562, mean 2367 vs 1797): trust the comparisons among
   the step policies more than those against request_batch.
+- --timing-noise sigma: the forward times the scheduler observes are lengthened by a random
+  exp(|N(0, sigma)|) (text_encoder and vae_decode share the GPU as other processes; their kernels
+  only ever lengthen a timed forward); the simulated clock keeps the true times.
 - Triton hands dit at most --capacity generations (FIFO); others wait. New generations join at
   the next execute. The `cost` scheduler has learned each shape's forward at size 1 before the
   trace (the matched control's solo phase does that; simulated here the same way).
