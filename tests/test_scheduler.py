@@ -27,10 +27,10 @@ def model_of(curve: dict[int, float], group: tuple = GROUP) -> CostModel:
 
 def candidates(remaining: list[int], waited: list[float] | None = None, group: tuple = GROUP,
                total: int = 40) -> list[Candidate]:
-    """Requests that have stepped already (`total` steps in all) and are not overdue unless `waited` says."""
-    waited = waited or [0.0] * len(remaining)
-    return [Candidate(f"r{i}", group, steps, float(i), total, wait)
-            for i, (steps, wait) in enumerate(zip(remaining, waited))]
+    """Requests that have stepped already (`total` steps in all), in arrival order (r0 first: it
+    has waited a millisecond longer than r1), not overdue unless `waited` says."""
+    waited = waited or [0.001 * (len(remaining) - i) for i in range(len(remaining))]
+    return [Candidate(f"r{i}", group, steps, total, wait) for i, (steps, wait) in enumerate(zip(remaining, waited))]
 
 
 def test_cost_model_interpolates_and_is_optimistic_where_it_has_not_measured():
@@ -160,9 +160,9 @@ def test_new_requests_take_their_first_step_at_once():
     (here beside the one SRPT picked) or as its group's own forward."""
     model = two_groups({1: 0.1, 8: 0.8}, {1: 0.1, 8: 0.8})
     running = candidates([10, 20])
-    fresh = Candidate("new", GROUP, 20, 5.0, 20, 0.0)
+    fresh = Candidate("new", GROUP, 20, 20, 0.0)
     assert CostPolicy().choose(running + [fresh], model) == {"r0", "new"}
-    fresh_big = Candidate("new-big", BIG, 20, 5.0, 20, 0.0)
+    fresh_big = Candidate("new-big", BIG, 20, 20, 0.0)
     assert CostPolicy().choose(running + [fresh_big], model) == {"r0", "new-big"}
 
 

@@ -14,26 +14,26 @@ back: stepping every group every round is processor sharing across groups, which
 request's step time to the sum of all groups' forwards (the H200 mixed trace of 2026-12-02: ~1.1
 requests per forward, p99 1.36x request batching; perf/results/2026-12-02-h200-scheduler.md).
 
-- Within a group, order: requests passed over `max_skips` rounds in a row first (the aging
-  bound: nobody waits more than `max_skips` consecutive executes), then fewest remaining steps
-  first (SRPT, which lowers mean latency), ties by arrival.
+- Within a group, order: requests in dit for longer than `max_slowdown` x their estimated time
+  alone (their steps x the group's forward of one: the stretch bound) first, oldest first; then
+  fewest remaining steps first (SRPT, which lowers mean latency), ties by arrival. Oldest-first
+  among overdue requests turns a backlog into arrival order (what request batching does), not
+  into processor sharing, which a consecutive-round aging bound (the previous rule) made of it
+  in simulation. On the H200 at 1024px neither rule reached request batching's median
+  (perf/results/2026-12-02-h200-scheduler-ladder.md).
 - Within a group, size: step the first k of that order, where k minimises the estimated sum
-  of completion times of the group's requests (a fluid replay of the group with k slots and
-  the cost curve), among the k whose throughput (request-steps per second) is at least
-  `throughput_floor` x the best k's. A waiting request is thus admitted only when the
+  of completion times of the group's requests in SRPT order (a fluid replay of the group with
+  k slots and the cost curve), among the k whose throughput (request-steps per second) is at
+  least `throughput_floor` x the best k's. A waiting request is thus admitted only when the
   throughput it adds pays for the slowdown of the rows already running; under a backlog the
   floor keeps the scheduler from trading much throughput for latency.
-- Across groups: step the group whose head finishes soonest when it runs alone (its fewest
-  remaining steps x the estimated forward of its chosen k: SRPT between groups), plus every
-  group holding a request passed over `max_skips` rounds (the same aging bound), every group
-  holding a request whose time in dit exceeds `max_slowdown` x its estimated time alone (its
-  steps x its group's forward of one: the stretch bound), and every group not measured yet
-  (stepped once, so measured; it never starves). With one group this is the within-group rule.
-  SRPT alone lowers mean and median latency but stretches the long requests most (the p99);
-  the stretch bound caps that, and as load grows and more requests pass it the rounds turn
-  back into processor sharing across groups. The simulation of perf/sched_sim.py on the H200's
-  costs chose the rule and its default (perf/results/2026-12-02-sim-scheduler.md); stepping
-  cheap groups along with the best one did not help there and is not done.
+- Across groups: one group steps: the one holding the oldest overdue request if any, else the
+  one whose head finishes soonest when it runs alone (its fewest remaining steps x the
+  estimated forward of its chosen k: SRPT between groups). Every group not measured yet also
+  steps (once, so measured; it never starves). With one group this is the within-group rule.
+- First steps: a request not stepped yet takes its first step in this execute, in its group's
+  forward or as its group's own (time to first step; it costs the running rows one forward).
+  Simulated against the previous rule in perf/sched_sim.py (perf/results/2026-12-02-sim-scheduler-s12-*.md).
 """
 from __future__ import annotations
 
@@ -136,9 +136,8 @@ class Candidate:
     key: str
     group: tuple        # compatibility key: requests of one group share a forward
     remaining: int      # denoise steps left
-    arrival: float      # admission time (tie-break: earlier first)
     total: int          # denoise steps in all
-    waited: float       # seconds since admission
+    waited: float       # seconds since admission (the longer, the earlier it came: tie-breaks)
 
     @property
     def new(self) -> bool:
@@ -179,8 +178,8 @@ class CostPolicy:
         """Overdue requests first, oldest first; then fewest remaining steps, ties by arrival."""
         def rank(c: Candidate) -> tuple:
             if self.overdue(c, model):
-                return (0, c.arrival, 0, c.key)
-            return (1, c.remaining, c.arrival, c.key)
+                return (0, -c.waited, 0, c.key)
+            return (1, c.remaining, -c.waited, c.key)
         return sorted(candidates, key=rank)
 
     def slots(self, members: list[Candidate], cost) -> int:
@@ -212,10 +211,10 @@ class CostPolicy:
             if cost(1) is None:
                 chosen.update(c.key for c in members)     # unmeasured: step all once, which measures it
                 continue
-            late = [c.arrival for c in members if self.overdue(c, model)]
+            late = [-c.waited for c in members if self.overdue(c, model)]
             urgency[group] = ((0, min(late)) if late else
                               (1, min(c.remaining for c in members) * cost(len(plans[group])),
-                               min(c.arrival for c in members)))
+                               -max(c.waited for c in members)))
         if urgency:
             chosen.update(c.key for c in plans[min(urgency, key=urgency.get)])
         chosen.update(c.key for c in candidates if c.new)
@@ -238,8 +237,8 @@ class StepScheduler:
             return {s.key for s in states}
         self.model.resolve()
         now = time.monotonic() if now is None else now
-        candidates = [Candidate(s.key, s.compat_key, s.total_steps - s.step_index, s.admitted_at, s.total_steps,
-                                now - s.admitted_at) for s in states]
+        candidates = [Candidate(s.key, s.compat_key, s.total_steps - s.step_index, s.total_steps, now - s.admitted_at)
+                      for s in states]
         return self.policy.choose(candidates, self.model)
 
     def observe(self, timings: list[tuple[tuple, int, ForwardTimer]]) -> None:
