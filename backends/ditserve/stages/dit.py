@@ -73,6 +73,7 @@ def task_specs(config) -> tuple[TensorSpec, ...]:
 OUTPUT_NAMES = tuple(spec.name for spec in OUTPUTS) + ("latents",)
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 CANCELLED = "cancelled by the client"
+GC_EVERY_S = 1.0   # how often execute looks for abandoned states and scratch files (they live minutes)
 
 
 def _progress(step: int, total: int):
@@ -92,6 +93,7 @@ class DitStage:
 
     def __init__(self, args: dict, model_config: dict):
         self.model_name = args["model_name"]
+        self.collected_at = 0.0
         self.deployment = stage_deployment(model_config)
         capacity = model_config.get("max_batch_size", 0)
         if capacity != self.deployment.engine.capacity:
@@ -238,6 +240,11 @@ class DitStage:
         self.metrics.state_table.set(len(self.engine))
 
     def _collect_garbage(self, live: set[str]) -> None:
+        """At most once per GC_EVERY_S: it lists two scratch folders, and it would run at every step."""
+        now = time.monotonic()
+        if now - self.collected_at < GC_EVERY_S:
+            return
+        self.collected_at = now
         idle = self.deployment.engine.gc_idle_seconds
         for key in self.engine.collect_garbage(live, idle):
             self.cancels.discard(key)

@@ -29,8 +29,22 @@ def counter(name: str, help_text: str, model: str):
     return _family(name, help_text, pb_utils.MetricFamily.COUNTER).Metric(labels={"model": model})
 
 
-def gauge(name: str, help_text: str, model: str):
-    return _family(name, help_text, pb_utils.MetricFamily.GAUGE).Metric(labels={"model": model})
+class Gauge:
+    """A gauge that is sent to Triton only when its value changes: every metric call is an IPC
+    round trip to the server process (~0.07 ms on the 2-core host), and dit sets its gauges at
+    every step (one stub process per instance, so no other writer can make the cache stale)."""
+
+    def __init__(self, metric):
+        self.metric, self.value = metric, None
+
+    def set(self, value: float) -> None:
+        if value != self.value:
+            self.metric.set(value)
+            self.value = value
+
+
+def gauge(name: str, help_text: str, model: str) -> Gauge:
+    return Gauge(_family(name, help_text, pb_utils.MetricFamily.GAUGE).Metric(labels={"model": model}))
 
 
 def histogram(name: str, help_text: str, model: str, buckets: list[float]):
