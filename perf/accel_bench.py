@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import statistics
 import subprocess
 import sys
@@ -115,6 +116,9 @@ def warm_client_process(url: str, args) -> None:
 def served(args, work: Path, report: dict) -> None:
     size = f"{args.frames}x" * bool(args.frames) + f"{args.height}x{args.width}"
     accel = {"warm_sizes": [size], **parse_accel(args.accel)}
+    if args.restart:   # a compile cache of its own: cold for the first server, warm for the restart
+        accel.setdefault("compile_cache", str(work / "inductor-cache"))
+        shutil.rmtree(accel["compile_cache"], ignore_errors=True)
     variant = work / f"{args.name}.toml"
     write_variant(Path(args.deployment), variant, {"mode": "step", "capacity": args.capacity}, "perf/accel_bench.py",
                   accel=accel)
@@ -181,6 +185,36 @@ def served(args, work: Path, report: dict) -> None:
     finally:
         server.stop()
         report["server_log_tail"] = server.log_tail(40)
+    if args.restart:
+        report["restart"] = restart(args, repo, variant, work)
+
+
+def restart(args, repo: Path, variant: Path, work: Path) -> dict:
+    """The same deployment started again on the compile cache the first start filled: what a pod
+    restart with the cache on a volume costs (READY, first request, warm solo requests)."""
+    http, grpc, metrics = free_ports(3)
+    server = TritonServer(ServerOptions(model_repository=repo, http_port=http, grpc_port=grpc, metrics_port=metrics,
+                                        deployment=str(variant)), log_path=work / f"server-{args.name}-restart.log")
+    out: dict = {}
+    t0 = time.perf_counter()
+    server.start()
+    try:
+        server.wait_ready(timeout_s=args.ready_timeout)
+        out["ready_s"] = round(time.perf_counter() - t0, 1)
+        print(f"[accel] restart on the warm compile cache: READY after {out['ready_s']} s", flush=True)
+        warm_client_process(server.grpc_url, args)
+        times = []
+        for seed in range(1, 4):
+            start = time.perf_counter()
+            with DitClient(server.grpc_url, protocol="grpc-stream") as client:
+                client.generate(request(args, seed), timeout_s=600)
+            times.append(round((time.perf_counter() - start) * 1000, 1))
+        out["first_request_ms"], out["next_ms"] = times[0], times[1:]
+        out["metrics"] = {f"{name}{{{model}}}": value for (name, model), value in loadgen.scrape(server.metrics_url).items()
+                          if name.startswith("ditserve_accel")}
+    finally:
+        server.stop()
+    return out
 
 
 def main() -> int:
@@ -199,6 +233,8 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=0)
     ap.add_argument("--per-client", type=int, default=3)
     ap.add_argument("--ready-timeout", type=float, default=480)
+    ap.add_argument("--restart", action="store_true",
+                    help="compile into a fresh cache, then start the server again on it (warm-cache READY time)")
     ap.add_argument("--out", default=str(ROOT / "outputs" / "accel"))
     args = ap.parse_args()
     args.height, args.width = (int(v) for v in args.size.lower().split("x"))
@@ -217,6 +253,8 @@ def main() -> int:
             "solo_p50_vs_raw_p50": round(report["solo_p50_ms"] / raw["p50_ms"], 3),
             "first_vs_warm_solo": round(report["first_request_ms"] / report["solo_p50_ms"], 3),
         }
+        if report.get("restart", {}).get("ready_s"):
+            report["ratios"]["restart_ready_vs_cold_ready"] = round(report["restart"]["ready_s"] / report["ready_s"], 3)
         if report.get("concurrent") and raw.get("best_batch"):
             report["ratios"]["throughput_vs_raw_best_batch"] = round(
                 report["concurrent"]["generations_per_s"] / raw["best_batch"]["generations_per_s"], 3)

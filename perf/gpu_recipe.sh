@@ -50,7 +50,8 @@
 #             diffusers in the same call, per row of ACCEL_ROWS (pixart512, pixart1024: full-size PixArt,
 #             20 steps, solo + closed loop at capacity; wan: 81x480x832, 10 steps, solo) ->
 #             $OUT/accel.tgz (perf/accel_bench.py's JSON and server log per row); ~4-5 min per PixArt
-#             row with its build, compile and warm-up (not in `all`)
+#             row with its build, compile and warm-up (not in `all`); ACCEL_RESTART=1 compiles into a fresh
+#             cache and then starts the server again on it (warm-cache READY and first request; ~+1-2 min)
 #   probe     issue 23: perf/accel_probe.py in process on the full-size PixArt, rows PROBE_ROWS (default:
 #             bf16 eager / compiled / graphed vs our FP8 at 1024 x 2 and x 8 rows) -> $OUT/accel_probe.json
 #             (not in `all`; ~4 min with the build); then the served FP8 row:
@@ -334,6 +335,7 @@ stage_video() {
 # after every row, so a call that runs out of time keeps the finished ones.
 accel_row() {
     local common=(--out "$WORK/accel" --accel ${ACCEL_SETTINGS:-transformer=cuda_graphs vae_decode=compile text_encoder=compile})
+    [[ -n "${ACCEL_RESTART:-}" ]] && common+=(--restart)
     case "$1" in
         pixart512)  model_ready || stage_build || return $?
                     "$PY" perf/accel_bench.py --deployment "$DEPLOYMENT" --name pixart512 --size 512x512 --steps 20 \
