@@ -202,8 +202,8 @@ class CostPolicy:
         for candidate in candidates:
             groups.setdefault(candidate.group, []).append(candidate)
         chosen: set[str] = set()
-        urgency: dict[tuple, tuple] = {}   # measured group -> rank of the group (lowest steps)
-        plans: dict[tuple, list[Candidate]] = {}
+        urgency: dict[tuple, tuple] = {}   # measured group -> its rank (the lowest one steps)
+        plans: dict[tuple, list[Candidate]] = {}   # group -> the members it steps if it steps
         for group, members in groups.items():
             cost = lambda size, group=group: model.estimate(group, size)  # noqa: E731
             ordered = self.order(members, model)
