@@ -55,7 +55,7 @@ def test_contention_that_only_lengthens_forwards_does_not_make_batches_look_chea
         for size in (1, 2):
             model.observe(GROUP, size, 0.05 * size * math.exp(abs(rng.gauss(0, 0.4))))
         batched += round_ >= 20 and CostPolicy().choose(candidates([10, 10]), model) != {"r0"}
-    assert batched <= 0.08 * 280, f"batched in {batched} of 280 rounds (a mean of the timings: ~21 %)"
+    assert batched <= 0.08 * 280, f"batched in {batched} of 280 rounds (a mean of the timings: 76 with this seed)"
 
 
 def test_cpu_forward_timer_feeds_the_model_once_resolved():
