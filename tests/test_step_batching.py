@@ -4,9 +4,13 @@ The default deployment runs `step` mode with capacity 4.
 """
 from __future__ import annotations
 
+import json
+import queue
 import time
 
+import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from conftest import diffusers_image
@@ -152,6 +156,36 @@ def test_cancel_while_queued_before_admission_leaves_peers_intact(server):
     with DitClient(server.grpc_url, "grpc") as client:
         for request, image in zip(runner_requests, images):   # peers match their solo runs
             assert_matches(image, client.generate(request).media)
+
+
+def test_a_direct_client_of_dit_that_cancels_leaves_no_state_behind(server):
+    """A client streaming straight to `dit` cancels after two steps. Triton 2.51 either hands
+    the cancelled request back (dit ends it at once) or, 2 times in 3 here, drops it while it
+    waits to be rescheduled, and dit never sees it again; then dit frees the state once it has
+    missed LOST_AFTER_EXECUTES executes and LOST_AFTER_S seconds of other traffic (not after
+    `gc_idle_seconds`, 300 s)."""
+    params = {"prompt": "direct", "negative_prompt": "", "height": 128, "width": 128, "num_inference_steps": 100,
+              "guidance_scale": 4.5, "seed": 1, "seed_was_drawn": False}
+    inputs = []
+    for name, value, dtype in (("embeds", np.zeros((1, 2, 300, 32), np.float32), "FP32"),
+                               ("mask", np.ones((1, 2, 300), np.int64), "INT64"),
+                               ("params", np.array([[json.dumps(params).encode()]], np.object_), "BYTES")):
+        inputs.append(grpcclient.InferInput(name, list(value.shape), dtype))
+        inputs[-1].set_data_from_numpy(value)
+    responses: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    client.async_stream_infer("dit", inputs, outputs=[grpcclient.InferRequestedOutput("progress")])
+    for _ in range(2):
+        result, error = responses.get(timeout=60)
+        assert error is None, error.message()
+    client.stop_stream(cancel_requests=True)
+    client.close()
+    end = time.monotonic() + 8.0   # other traffic, so that dit executes (past LOST_AFTER_S = 5 s)
+    with DitClient(server.grpc_url, "grpc") as other:
+        while time.monotonic() < end:
+            other.generate(GenerationRequest("traffic", seed=1, num_inference_steps=10))
+    _state_table_empties(server)
 
 
 def test_unary_client_deadline_cancels_the_generation(server):

@@ -74,6 +74,12 @@ OUTPUT_NAMES = tuple(spec.name for spec in OUTPUTS) + ("latents",)
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 CANCELLED = "cancelled by the client"
 GC_EVERY_S = 1.0   # how often execute looks for abandoned states and scratch files (they live minutes)
+# In step mode a live generation's request comes back at every execute (measured on CPU under 6
+# concurrent streams of 3 shapes: absent from at most 1 execute in a row, while a new request
+# joined). One absent from this many executes in a row and for this long has lost its request:
+# Triton 2.51 drops a direct client's request that is cancelled while it waits to be rescheduled.
+LOST_AFTER_EXECUTES = 50
+LOST_AFTER_S = 5.0
 
 
 def _progress(step: int, total: int):
@@ -95,6 +101,8 @@ class DitStage:
         self.model_name = args["model_name"]
         self.collected_at = 0.0
         self.direct: set[str] = set()   # generations whose client called dit itself (the rest come by BLS)
+        self.executes = 0
+        self.present: dict[str, tuple[int, float]] = {}   # key -> (execute number, time) its request last came
         self.deployment = stage_deployment(model_config)
         capacity = model_config.get("max_batch_size", 0)
         if capacity != self.deployment.engine.capacity:
@@ -141,6 +149,10 @@ class DitStage:
                     self._end(request, key, f"could not start the request: {type(exc).__name__}: {exc}")
                     active.remove((key, request))
         if self.deployment.engine.mode == "step":
+            self.executes += 1
+            now = time.monotonic()
+            for key, _ in active:
+                self.present[key] = (self.executes, now)
             # The scheduler picks who steps; the rest keep their state and are rescheduled unstepped.
             chosen = self.scheduler.select([self.engine.table[key] for key, _ in active])
             if len(chosen) < len(active):
@@ -242,6 +254,7 @@ class DitStage:
 
     def _release(self, key: str) -> None:
         self.engine.release(key)
+        self.present.pop(key, None)
         self.direct.discard(key)
         self.cancels.discard(key)
         self.metrics.state_table.set(len(self.engine))
@@ -253,7 +266,16 @@ class DitStage:
             return
         self.collected_at = now
         idle = self.deployment.engine.gc_idle_seconds
-        for key in self.engine.collect_garbage(live, idle):
+        lost = [key for key, (seen, at) in self.present.items() if key not in live and key in self.engine
+                and self.executes - seen >= LOST_AFTER_EXECUTES and now - at >= LOST_AFTER_S]
+        for key in lost:
+            seen, at = self.present[key]
+            pb_utils.Logger.log_warn(f"{self.model_name}: generation {key} has not come back for {now - at:.0f} s "
+                                     f"({self.executes - seen} executes): its request is gone (a direct client's "
+                                     "cancel that Triton dropped while it waited to be rescheduled); state freed")
+            self.engine.release(key)
+        for key in lost + self.engine.collect_garbage(live, idle):
+            self.present.pop(key, None)
             self.direct.discard(key)
             self.cancels.discard(key)
             self.metrics.garbage.increment(1)
