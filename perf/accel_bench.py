@@ -113,6 +113,32 @@ def warm_client_process(url: str, args) -> None:
         print(f"[accel] client warm-up (rejected as intended): {str(exc)[:80]}", flush=True)
 
 
+def start_ready(args, repo: Path, variant: Path, log_path: Path) -> tuple[TritonServer, float]:
+    """A server on `repo` for `variant`, started and READY; with the seconds that took. One that
+    does not get READY is stopped, and its log's tail goes into the error (the report keeps it)."""
+    http, grpc, metrics = free_ports(3)
+    server = TritonServer(ServerOptions(model_repository=repo, http_port=http, grpc_port=grpc, metrics_port=metrics,
+                                        deployment=str(variant)), log_path=log_path)
+    t0 = time.perf_counter()
+    server.start()
+    try:
+        server.wait_ready(timeout_s=args.ready_timeout)
+    except BaseException as exc:
+        server.stop()
+        if isinstance(exc, Exception):
+            raise RuntimeError(f"server not READY: {exc}\nlast log lines:\n{server.log_tail(40)}") from exc
+        raise
+    return server, round(time.perf_counter() - t0, 1)
+
+
+def timed_generation(url: str, args, seed: int) -> tuple[float, np.ndarray]:
+    """One streamed generation: (client milliseconds, its media)."""
+    start = time.perf_counter()
+    with DitClient(url, protocol="grpc-stream") as client:
+        media = client.generate(request(args, seed), timeout_s=600).media
+    return (time.perf_counter() - start) * 1000, media
+
+
 def served(args, work: Path, report: dict) -> None:
     size = f"{args.frames}x" * bool(args.frames) + f"{args.height}x{args.width}"
     accel = {"warm_sizes": [size], **parse_accel(args.accel)}
@@ -126,22 +152,14 @@ def served(args, work: Path, report: dict) -> None:
     repo = work / f"repo-{args.name}"
     subprocess.run([sys.executable, str(ROOT / "scripts" / "render_repository.py"), "--deployment", str(variant),
                     "--out", str(repo)], check=True, capture_output=True)
-    http, grpc, metrics = free_ports(3)
-    server = TritonServer(ServerOptions(model_repository=repo, http_port=http, grpc_port=grpc, metrics_port=metrics,
-                                        deployment=str(variant)), log_path=work / f"server-{args.name}.log")
-    t0 = time.perf_counter()
-    server.start()
+    server, report["ready_s"] = start_ready(args, repo, variant, work / f"server-{args.name}.log")
     try:
-        server.wait_ready(timeout_s=args.ready_timeout)
-        report["ready_s"] = round(time.perf_counter() - t0, 1)
         print(f"[accel] READY after {report['ready_s']} s", flush=True)
         media = {}
 
         def one(seed: int) -> float:
-            start = time.perf_counter()
-            with DitClient(server.grpc_url, protocol="grpc-stream") as client:
-                media[seed] = client.generate(request(args, seed), timeout_s=600).media
-            return (time.perf_counter() - start) * 1000
+            ms, media[seed] = timed_generation(server.grpc_url, args, seed)
+            return ms
 
         warm_client_process(server.grpc_url, args)
         start_scrape = loadgen.scrape(server.metrics_url)
@@ -192,23 +210,12 @@ def served(args, work: Path, report: dict) -> None:
 def restart(args, repo: Path, variant: Path, work: Path) -> dict:
     """The same deployment started again on the compile cache the first start filled: what a pod
     restart with the cache on a volume costs (READY, first request, warm solo requests)."""
-    http, grpc, metrics = free_ports(3)
-    server = TritonServer(ServerOptions(model_repository=repo, http_port=http, grpc_port=grpc, metrics_port=metrics,
-                                        deployment=str(variant)), log_path=work / f"server-{args.name}-restart.log")
     out: dict = {}
-    t0 = time.perf_counter()
-    server.start()
+    server, out["ready_s"] = start_ready(args, repo, variant, work / f"server-{args.name}-restart.log")
     try:
-        server.wait_ready(timeout_s=args.ready_timeout)
-        out["ready_s"] = round(time.perf_counter() - t0, 1)
         print(f"[accel] restart on the warm compile cache: READY after {out['ready_s']} s", flush=True)
         warm_client_process(server.grpc_url, args)
-        times = []
-        for seed in range(1, 4):
-            start = time.perf_counter()
-            with DitClient(server.grpc_url, protocol="grpc-stream") as client:
-                client.generate(request(args, seed), timeout_s=600)
-            times.append(round((time.perf_counter() - start) * 1000, 1))
+        times = [round(timed_generation(server.grpc_url, args, seed)[0], 1) for seed in range(1, 4)]
         out["first_request_ms"], out["next_ms"] = times[0], times[1:]
         out["metrics"] = {f"{name}{{{model}}}": value for (name, model), value in loadgen.scrape(server.metrics_url).items()
                           if name.startswith("ditserve_accel")}

@@ -273,11 +273,8 @@ class DitStage:
             pb_utils.Logger.log_warn(f"{self.model_name}: generation {key} has not come back for {now - at:.0f} s "
                                      f"({self.executes - seen} executes): its request is gone (a direct client's "
                                      "cancel that Triton dropped while it waited to be rescheduled); state freed")
-            self.engine.release(key)
         for key in lost + self.engine.collect_garbage(live, idle):
-            self.present.pop(key, None)
-            self.direct.discard(key)
-            self.cancels.discard(key)
+            self._release(key)   # the engine's own collection released its keys already: release is idempotent
             self.metrics.garbage.increment(1)
         self.cancels.collect_garbage(idle)
         self.handoff.collect_garbage(idle)
