@@ -56,6 +56,12 @@
 #             bf16 eager / compiled / graphed vs our FP8 at 1024 x 2 and x 8 rows) -> $OUT/accel_probe.json
 #             (not in `all`; ~4 min with the build); then the served FP8 row:
 #             ACCEL_ROWS=pixart1024 ACCEL_SETTINGS="transformer=cuda_graphs vae_decode=compile text_encoder=compile fp8=true"
+#   family    issue 18: full-size random FLUX.1-dev and SD3.5 Large (FAMILY_ROWS, default flux,sd3; each
+#             built with scripts/build_full_size_random.py --if-missing, then deleted unless FAMILY_KEEP=1:
+#             the two do not fit the disk together) served eager (step mode, capacity 4) vs eager diffusers
+#             in the same call by perf/accel_bench.py: 1024x1024, FAMILY_STEPS (28) steps, raw serial + B=4,
+#             served solo + 4 closed-loop clients -> $OUT/family.tgz (accel_<row>.json, server logs,
+#             build_info); ~6 min per family with its build: one family per call (not in `all`)
 #   cache     issue 20: perf/cache_frontier.py in process on the full-size PixArt deployment
 #             ($SIZE px, $STEPS steps): lossless vs the CACHE_TIERS thresholds (default
 #             t05=0.05 t10=0.1 t20=0.2), CACHE_PROMPTS (16) prompts in step batches of CACHE_BATCH (8),
@@ -366,6 +372,34 @@ stage_probe() {
         --only "${PROBE_ROWS:-forward1024x2,compile1024x2,fp8_1024x2,forward1024x8,compile1024x8,fp8_1024x8}"
 }
 
+# One full-size MMDiT family served eager against eager diffusers (issue 18's H200 rows).
+family_row() {
+    local dir out
+    case "$1" in
+        flux) dir=models/flux.1-dev-random ;;
+        sd3)  dir=models/sd3.5-large-random ;;
+        *) echo "unknown family row: $1 (flux|sd3)"; return 2 ;;
+    esac
+    "$PY" scripts/build_full_size_random.py --family "$1" --device "$DEVICE" --if-missing || return $?
+    out="$WORK/family"
+    cp "$dir/build_info.json" "$out/build_info_$1.json" 2>/dev/null
+    "$PY" perf/accel_bench.py --deployment "configs/$(basename "$dir").toml" --name "$1" --size 1024x1024 \
+        --steps "${FAMILY_STEPS:-28}" --guidance 3.5 --capacity 4 --accel transformer=eager \
+        --raw-runs 3 --raw-batches 4 --solo 3 --concurrency 4 --per-client 2 --out "$out"
+    local rc=$?
+    [[ -n "${FAMILY_KEEP:-}" ]] || rm -rf "$dir"
+    return $rc
+}
+stage_family() {
+    local row rc=0
+    mkdir -p "$WORK/family"
+    for row in ${FAMILY_ROWS//,/ }; do
+        log "family row $row"
+        family_row "$row" || { rc=$?; log "family row $row: exit $rc"; }
+        tar -czf "$OUT/family.tgz" -C "$WORK/family" --exclude='repo-*' --exclude='*.npy' .
+    done
+    return $rc
+}
 stage_accel() {
     local row rc=0
     mkdir -p "$WORK/accel"
@@ -592,15 +626,16 @@ main() {
     for s in "${stages[@]}"; do
         case "$s" in
             all) expanded+=(env build baseline smoke control) ;;
-            env|matrix|build|baseline|smoke|control|scheduler|sweeps|soak|video|i2v|accel|probe|cache) expanded+=("$s") ;;
+            env|matrix|build|baseline|smoke|control|scheduler|sweeps|soak|video|i2v|accel|probe|cache|family) expanded+=("$s") ;;
             -h|--help) awk 'NR > 1 && /^#/ {print; next} NR > 1 {exit}' "$0"; return 0 ;;
-            *) echo "unknown stage: $s (env|matrix|build|baseline|smoke|control|scheduler|sweeps|soak|video|i2v|accel|probe|cache|all)"; return 2 ;;
+            *) echo "unknown stage: $s (env|matrix|build|baseline|smoke|control|scheduler|sweeps|soak|video|i2v|accel|probe|cache|family|all)"; return 2 ;;
         esac
     done
     mkdir -p "$WORK"
-    export REPO_ROOT PY OUT DEADLINE_S DEPLOYMENT MODEL_DIR DEVICE SIZE STEPS WORK START_EPOCH ACCEL_ROWS="${ACCEL_ROWS:-pixart512,pixart1024}" ACCEL_SETTINGS
+    export REPO_ROOT PY OUT DEADLINE_S DEPLOYMENT MODEL_DIR DEVICE SIZE STEPS WORK START_EPOCH ACCEL_ROWS="${ACCEL_ROWS:-pixart512,pixart1024}" ACCEL_SETTINGS \
+        FAMILY_ROWS="${FAMILY_ROWS:-flux,sd3}"
     export -f log remaining model_ready stage_env stage_build stage_baseline stage_smoke stage_control stage_scheduler collect_control \
-        stage_matrix build_wan_t2v stage_sweeps stage_soak stage_video stage_i2v accel_row stage_accel stage_probe stage_cache
+        stage_matrix build_wan_t2v stage_sweeps stage_soak stage_video stage_i2v accel_row stage_accel family_row stage_family stage_probe stage_cache
     log "stages: ${expanded[*]} (deadline ${DEADLINE_S}s)"
     for s in "${expanded[@]}"; do
         case "$s" in
@@ -618,6 +653,7 @@ main() {
             accel) run_timed accel 200 stage_accel ;;
             probe) ensure_model probe && run_timed probe 150 stage_probe ;;
             cache) ensure_model cache && run_timed cache 240 stage_cache ;;
+            family) run_timed family 300 stage_family ;;
         esac
     done
     [[ -f "$MODEL_DIR/build_info.json" && ! -f "$OUT/build_info.json" ]] && cp "$MODEL_DIR/build_info.json" "$OUT/"

@@ -45,6 +45,8 @@ class Family:
     video: bool = False
     image: bool = False             # conditioned on an input image (--image-data)
     guidance: str = "guidance_scale"  # the call argument our guidance_scale is (Qwen-Image: true_cfg_scale)
+    negative_prompt: bool = True    # FLUX.1 has no CFG rows: the server takes no negative prompt
+    sequence_length: bool = False   # pass the deployment's max_sequence_length (MMDiTs: tiny configs differ)
 
 
 PIPELINES = {
@@ -54,6 +56,8 @@ PIPELINES = {
     "wan-i2v": Family("WanImageToVideoPipeline", "frames", video=True, image=True),
     "wan22-t2v": Family("WanPipeline", "frames", video=True),
     "qwen-image": Family("QwenImagePipeline", "images", guidance="true_cfg_scale"),
+    "flux": Family("FluxPipeline", "images", negative_prompt=False, sequence_length=True),
+    "sd3": Family("StableDiffusion3Pipeline", "images", sequence_length=True),
 }
 
 
@@ -141,6 +145,10 @@ def main(argv: list[str] | None = None) -> int:
         "num_inference_steps": args.steps or d.num_inference_steps,
         family.guidance: d.guidance_scale if args.guidance_scale is None else args.guidance_scale,
     }
+    if not family.negative_prompt:
+        del request["negative_prompt"]
+    if family.sequence_length:
+        request["max_sequence_length"] = dep.model.max_sequence_length
     if family.video:
         request["num_frames"] = args.frames or d.num_frames
     if family.image:
@@ -166,8 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        out = pipe(**{**request, "prompt": [request["prompt"]] * batch,
-                      "negative_prompt": [request["negative_prompt"]] * batch},
+        prompts = {key: [request[key]] * batch for key in ("prompt", "negative_prompt") if key in request}
+        out = pipe(**{**request, **prompts},
                    generator=gens, output_type="np", **family.call_kwargs)
         media = (getattr(out, family.output) * 255).round().clip(0, 255).astype("uint8")
         if cuda:
