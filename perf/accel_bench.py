@@ -62,22 +62,6 @@ def parse_accel(items: list[str]) -> dict:
     return out
 
 
-def where_time_goes(before: dict, after: dict) -> dict:
-    """Between two scrapes: each model's mean compute ms per execution (Triton's counters) and
-    dit's mean engine step (ditserve_step_duration_seconds), to split a request's latency."""
-    out = {}
-    for (name, model), value in after.items():
-        if name == "nv_inference_exec_count":
-            execs = value - before.get((name, model), 0.0)
-            busy = loadgen.metric_delta(before, after, "nv_inference_compute_infer_duration_us", model)
-            if execs > 0:
-                out[f"{model}_compute_ms_per_exec"] = round(busy / execs / 1000, 2)
-                out[f"{model}_execs"] = int(execs)
-    step = loadgen.histogram_mean(before, after, "ditserve_step_duration_seconds", "dit")
-    out["dit_step_ms"] = None if step is None else round(step * 1000, 2)
-    return out
-
-
 def raw_baseline(args, work: Path) -> dict:
     cmd = [sys.executable, str(ROOT / "perf" / "raw_diffusers_baseline.py"), "--deployment", args.deployment,
            "--height", str(args.height), "--width", str(args.width), "--steps", str(args.steps),
@@ -165,9 +149,9 @@ def served(args, work: Path, report: dict) -> None:
         start_scrape = loadgen.scrape(server.metrics_url)
         report["first_request_ms"] = round(one(1), 1)
         first_scrape = loadgen.scrape(server.metrics_url)
-        report["first_request_split"] = where_time_goes(start_scrape, first_scrape)
+        report["first_request_split"] = loadgen.where_time_goes(start_scrape, first_scrape)
         solo = [one(1) for _ in range(args.solo)]
-        report["solo_split"] = where_time_goes(first_scrape, loadgen.scrape(server.metrics_url))
+        report["solo_split"] = loadgen.where_time_goes(first_scrape, loadgen.scrape(server.metrics_url))
         report["solo_ms"] = [round(x, 1) for x in solo]
         report["solo_p50_ms"] = round(statistics.median(solo), 1)
         raw_media = np.load(work / "raw_seed1.npy")
@@ -199,7 +183,7 @@ def served(args, work: Path, report: dict) -> None:
         after = loadgen.scrape(server.metrics_url)
         report["metrics"] = {f"{name}{{{model}}}": value for (name, model), value in after.items()
                              if name.startswith(("ditserve_accel", "ditserve_compiled", "ditserve_eager"))}
-        report["split_under_load"] = where_time_goes(before, after)
+        report["split_under_load"] = loadgen.where_time_goes(before, after)
     finally:
         server.stop()
         report["server_log_tail"] = server.log_tail(40)

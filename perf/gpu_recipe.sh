@@ -93,6 +93,7 @@
 # SMOKE_SOLO (3), SMOKE_CONCURRENT (4), SWEEPS (gpu-pixart1024-unary,gpu-pixart1024-stream; a gpu-wan-* sweep
 # first builds full-size Wan2.1-T2V-1.3B if missing), SWEEP_LEVEL_TIMEOUT_S (150),
 # SOAK_TARGET (10000), SOAK_SIZES (256,512), SOAK_STEPS (2-8), SOAK_ACCEL_FROM, SOAK_WARM (256x256,512x512),
+# SOAK_DEPLOYMENT (default the recipe's; perf/deployments/pixart-sigma-soak-h200.toml is issue 19's), SOAK_ARGS (extra soak.py args),
 # CONTROL_RATE (0.6 req/s), CONTROL_N (24), CONTROL_ARGS (extra args),
 # SCHED_MODES, SCHED_CAPACITY, SCHED_RATE (1.0 req/s), SCHED_N (40), SCHED_SIZES, SCHED_STEPS, SCHED_GUIDANCE,
 # SCHED_LOADS, SCHED_SAT_S (scheduler stage),
@@ -433,10 +434,10 @@ stage_soak() {
     local soak="$WORK/soak" accel=()
     [[ -n "${SOAK_ACCEL_FROM-configs/pixart-sigma-1024.toml}" ]] && \
         accel=(--accel-from "${SOAK_ACCEL_FROM-configs/pixart-sigma-1024.toml}" --warm-sizes "${SOAK_WARM:-256x256,512x512}")
-    "$PY" perf/soak.py --deployment "$DEPLOYMENT" "${accel[@]}" --sizes "${SOAK_SIZES:-256,512}" \
+    "$PY" perf/soak.py --deployment "${SOAK_DEPLOYMENT:-$DEPLOYMENT}" "${accel[@]}" --sizes "${SOAK_SIZES:-256,512}" \
         --steps "${SOAK_STEPS:-2-8}" --guidance 1.0,4.5 --phases 0.5,0.9,1.3 --target-requests "${SOAK_TARGET:-10000}" \
         --budget-seconds "$(( $(remaining) - 10 ))" --saturation-seconds 20 --sample-interval 3 \
-        --request-timeout 120 --out "$soak"
+        --request-timeout 120 --out "$soak" ${SOAK_ARGS:-}
     local rc=$?
     cp "$soak/soak.json" "$soak/soak.png" "$OUT/" 2>/dev/null
     tar -czf "$OUT/soak.tgz" -C "$soak" soak.md server.log deployment.toml 2>/dev/null

@@ -490,6 +490,29 @@ OUTCOME_COUNTERS = {"completed": "ditserve_requests_completed_total", "cancelled
                     "failed": "ditserve_requests_failed_total"}
 
 
+def where_time_goes(before: dict, after: dict) -> dict:
+    """Between two scrapes, per model that executed: its mean compute ms per execution and mean
+    queue ms per request (Triton's counters), and dit's mean engine step
+    (ditserve_step_duration_seconds): to split a request's latency and to find the stage that queues."""
+    out = {}
+    for (name, model), value in after.items():
+        if name != "nv_inference_exec_count":
+            continue
+        execs = value - before.get((name, model), 0.0)
+        if execs <= 0:
+            continue
+        busy = metric_delta(before, after, "nv_inference_compute_infer_duration_us", model)
+        out[f"{model}_compute_ms_per_exec"] = round(busy / execs / 1000, 2)
+        out[f"{model}_execs"] = int(execs)
+        requests = metric_delta(before, after, "nv_inference_count", model)
+        if requests > 0:
+            queued = metric_delta(before, after, "nv_inference_queue_duration_us", model)
+            out[f"{model}_queue_ms_per_request"] = round(queued / requests / 1000, 2)
+    step = histogram_mean(before, after, "ditserve_step_duration_seconds", "dit")
+    out["dit_step_ms"] = None if step is None else round(step * 1000, 2)
+    return out
+
+
 def stage_label(model: str, stage: str) -> str:
     """The `model` label of `stage` (e.g. `dit`) of the pipeline that serves public model `model`:
     `flux_dit` for `flux_txt2img_stream`, `dit` for the single-deployment `txt2img_stream`."""

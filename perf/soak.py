@@ -299,7 +299,8 @@ class Soak:
         idle = self.monitor.take()
         self.idle.append({**idle, "after": name})
         phase = self._check(name, entries, records, before, after)
-        phase.update(t_start=t_start, t_end=t_end, settle_s=round(t_end - t_sent, 1), wall_s=round(t_end - t_start, 1))
+        phase.update(t_start=t_start, t_end=t_end, settle_s=round(t_end - t_sent, 1), wall_s=round(t_end - t_start, 1),
+                     time_split=loadgen.where_time_goes(before, after))
         self.phases.append(phase)
         self._log(f"{name}: {phase['requests']} requests, {phase['outcomes_by_kind']}; problems {len(phase['problems'])}")
         return phase
@@ -621,6 +622,14 @@ def write_report(soak: Soak | None, args, command: str, info: dict, deployment_t
                 f"{args.shm_share:.0%} unary into {soak.workload.shm_kind if soak else 'n/a'} shared memory, the rest "
                 f"streamed. Cancel delay "
                 f"{soak.workload.cancel_delay if soak else 'n/a'} s after sending (uniform).")
+    phases = soak.phases if soak else []
+    split_models = sorted({key[:-len("_execs")] for ph in phases for key in ph.get("time_split", {})
+                           if key.endswith("_execs")})
+    split_rows = "\n".join(
+        f"| {ph['name']} | " + " | ".join(
+            f"{_f(ph['time_split'].get(m + '_queue_ms_per_request'))} / {_f(ph['time_split'].get(m + '_compute_ms_per_exec'))}"
+            for m in split_models) + f" | {_f(ph['time_split'].get('dit_step_ms'))} |"
+        for ph in phases if ph.get("time_split"))
     md = f"""# Soak: {Path(args.deployment).name} — {dt.date.today().isoformat()} ({machine_label(info)})
 
 ## Ledger (before the shutdown; the pass criteria are at the end)
@@ -655,6 +664,14 @@ Outcomes by kind:
 | phase | kind: outcomes |
 |---|---|
 {by_kind}
+
+Where the time goes (Triton's counters per model: mean queue ms per request / compute ms per execution,
+summed over the execution's requests as Triton counts it;
+dit's mean engine step):
+
+| phase | {' | '.join(split_models)} | dit step ms |
+|---|{'---|' * len(split_models)}---|
+{split_rows}
 
 ## Resources: slope per minute (first → last), after the first {args.warmup_share:.0%} of each span
 RSS = tritonserver + all stubs (shared pages once per process); GPU = nvidia-smi `memory.used`, whole
