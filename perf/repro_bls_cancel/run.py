@@ -86,6 +86,8 @@ def main() -> int:
     ap.add_argument("--final", choices=("with-response", "separate"), default="with-response",
                     help="how streamer ends an uncancelled request: its last response carries the final flag "
                          "(default), or the last response, then the final flag alone")
+    ap.add_argument("--final-bytes", type=int, default=0,
+                    help="the last response also carries this many bytes (our 256x256 image: 196608)")
     ap.add_argument("--unload", action="store_true", help="after the storm, unload streamer and time it")
     ap.add_argument("--unload-wait", type=float, default=60, help="give up waiting for the unload after this, s")
     ap.add_argument("--log", type=Path, default=Path("/tmp/repro_bls_cancel.log"))
@@ -93,6 +95,7 @@ def main() -> int:
     kind = 0 if args.kind == "bytes" else 1
     os.environ["REPRO_CANCEL_END"] = args.cancel_end  # the server and its stubs inherit it
     os.environ["REPRO_FINAL"] = args.final
+    os.environ["REPRO_FINAL_BYTES"] = str(args.final_bytes)
     delay_s = tuple(float(v) / 1000 for v in args.cancel_delay.split(":"))
     http, grpc, metrics = free_ports(3)
     server = TritonServer(ServerOptions(model_repository=HERE / "repository", http_port=http, grpc_port=grpc,
@@ -113,7 +116,7 @@ def main() -> int:
     unloaded = unload_seconds(server.grpc_url, "streamer", args.unload_wait) if args.unload else None
     server.stop(timeout_s=20)  # a dead stub's model never unloads: do not wait out the exit timeout
     crashes = args.log.read_text(errors="replace").count("Fatal Python error")
-    print(f"{args.kind}, cancel end {args.cancel_end}, final {args.final}, cancel delay {args.cancel_delay} ms after {args.cancel_at} responses: {tally}; models short of stub processes before stop "
+    print(f"{args.kind}, cancel end {args.cancel_end}, final {args.final} (+{args.final_bytes} bytes), cancel delay {args.cancel_delay} ms after {args.cancel_at} responses: {tally}; models short of stub processes before stop "
           f"(live, expected): {short or 'none'}; crashes in {args.log}: {crashes}")
     if args.unload:
         print(f"unload of streamer: {f'{unloaded:.1f} s' if unloaded is not None else f'not finished after {args.unload_wait:g} s'}")

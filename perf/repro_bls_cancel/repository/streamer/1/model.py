@@ -5,7 +5,9 @@ read to its end, then the end of the request; Python allocations between items.
 A cancelled request ends as $REPRO_CANCEL_END says: `error` (default) sends a final response
 carrying a CANCELLED error, `flag` sends only the final flag, no response. An uncancelled request
 ends as $REPRO_FINAL says: `with-response` (default) sends its last response with the final flag,
-`separate` sends the last response, then the final flag alone."""
+`separate` sends the last response, then the final flag alone. $REPRO_FINAL_BYTES > 0 adds an
+output IMAGE of that many bytes to the last response, as our image is (a 256x256 RGB image is
+196,608 bytes)."""
 import faulthandler
 import os
 
@@ -24,6 +26,13 @@ class TritonPythonModel:
     def initialize(self, args):
         self.cancel_end = os.environ.get("REPRO_CANCEL_END", "error")
         self.final = os.environ.get("REPRO_FINAL", "with-response")
+        self.final_bytes = int(os.environ.get("REPRO_FINAL_BYTES", "0"))
+
+    def last(self, count: int):
+        tensors = [count_tensor(count)]
+        if self.final_bytes:
+            tensors.append(pb_utils.Tensor("IMAGE", np.full([self.final_bytes], count % 256, dtype=np.uint8)))
+        return pb_utils.InferenceResponse(tensors)
 
     def execute(self, requests):
         for request in requests:
@@ -44,8 +53,8 @@ class TritonPythonModel:
                 error = pb_utils.TritonError("request cancelled", pb_utils.TritonError.CANCELLED)
                 sender.send(pb_utils.InferenceResponse(error=error), flags=FINAL)
             elif self.final == "separate":
-                sender.send(pb_utils.InferenceResponse([count_tensor(count)]))
+                sender.send(self.last(count))
                 sender.send(flags=FINAL)
             else:
-                sender.send(pb_utils.InferenceResponse([count_tensor(count)]), flags=FINAL)
+                sender.send(self.last(count), flags=FINAL)
         return None
