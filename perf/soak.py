@@ -57,6 +57,7 @@ import argparse
 import asyncio
 import datetime as dt
 import json
+import os
 import random
 import re
 import shlex
@@ -78,7 +79,7 @@ from machine import fence, machine_info, machine_label, server_version  # noqa: 
 from matched_control import loadgen, render_repository  # noqa: E402
 
 from ditserve.deployment import Deployment, load_deployment  # noqa: E402  (matched_control put backends/ on the path)
-from ditserve.launcher import ServerOptions, TritonServer, free_ports  # noqa: E402
+from ditserve.launcher import ServerOptions, TritonServer, free_ports, malloc_library  # noqa: E402
 
 STATE_TABLE = ("ditserve_state_table_size", "dit")
 COUNTERS = {"completed": "ditserve_requests_completed_total", "failed": "ditserve_requests_failed_total",
@@ -563,7 +564,8 @@ def write_report(soak: Soak | None, args, command: str, info: dict, deployment_t
                      "fault_rate": args.fault_rate, "unary_share": args.unary_share, "seed": args.seed,
                      "cancel_delay_s": soak.workload.cancel_delay if soak else None,
                      "request_timeout_s": args.request_timeout, "sample_interval_s": args.sample_interval,
-                     "warmup_share": args.warmup_share},
+                     "warmup_share": args.warmup_share, "malloc": args.malloc or os.environ.get("DITSERVE_MALLOC"),
+                     "server_env": args.server_env},
         "saturation": soak.saturation if soak else {},
         "phases": [{**{k: v for k, v in p.items() if k not in ("t_start", "t_end")},
                     "t_start_s": round(p["t_start"] - t0, 1), "t_end_s": round(p["t_end"] - t0, 1)} for p in phases],
@@ -621,15 +623,17 @@ def write_report(soak: Soak | None, args, command: str, info: dict, deployment_t
                 f"the other requests {args.unary_share:.0%} unary (`{soak.task if soak else 'txt2img'}`), "
                 f"{args.shm_share:.0%} unary into {soak.workload.shm_kind if soak else 'n/a'} shared memory, the rest "
                 f"streamed. Cancel delay "
-                f"{soak.workload.cancel_delay if soak else 'n/a'} s after sending (uniform).")
-    phases = soak.phases if soak else []
-    split_models = sorted({key[:-len("_execs")] for ph in phases for key in ph.get("time_split", {})
+                f"{soak.workload.cancel_delay if soak else 'n/a'} s after sending (uniform). Server allocator: "
+                f"{args.malloc or os.environ.get('DITSERVE_MALLOC') or 'glibc'}"
+                f"{'; server environment ' + ' '.join(args.server_env) if args.server_env else ''}.")
+    every_phase = soak.phases if soak else []
+    split_models = sorted({key[:-len("_execs")] for ph in every_phase for key in ph.get("time_split", {})
                            if key.endswith("_execs")})
     split_rows = "\n".join(
         f"| {ph['name']} | " + " | ".join(
             f"{_f(ph['time_split'].get(m + '_queue_ms_per_request'))} / {_f(ph['time_split'].get(m + '_compute_ms_per_exec'))}"
             for m in split_models) + f" | {_f(ph['time_split'].get('dit_step_ms'))} |"
-        for ph in phases if ph.get("time_split"))
+        for ph in every_phase if ph.get("time_split"))
     md = f"""# Soak: {Path(args.deployment).name} — {dt.date.today().isoformat()} ({machine_label(info)})
 
 ## Ledger (before the shutdown; the pass criteria are at the end)
@@ -787,6 +791,12 @@ def build_parser() -> argparse.ArgumentParser:
     meas.add_argument("--exit-timeout", type=int, default=30,
                       help="tritonserver --exit-timeout-secs: how long the stop may wait for models to unload; an "
                            "expired wait fails the clean-shutdown criterion (default 30)")
+    srv = p.add_argument_group("server")
+    srv.add_argument("--malloc", default=None,
+                     help="allocator of tritonserver and its stubs: glibc, jemalloc, tcmalloc or a path to a malloc "
+                          ".so, preloaded (default: DITSERVE_MALLOC, else glibc; ditserve.launcher.malloc_library)")
+    srv.add_argument("--server-env", action="append", default=[], metavar="KEY=VALUE",
+                     help="set in the server's environment only, e.g. MALLOC_ARENA_MAX=2 (repeatable)")
     return p
 
 
@@ -801,6 +811,13 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--bad-rate + --fault-rate + --cancel-rate must stay below 1")
     if args.shm_share + args.unary_share > 1:
         raise SystemExit("--shm-share + --unary-share must stay at most 1")
+    server_env = dict(kv.split("=", 1) for kv in args.server_env if "=" in kv)
+    if len(server_env) != len(args.server_env):
+        raise SystemExit("--server-env takes KEY=VALUE")
+    try:
+        malloc_library(args.malloc if args.malloc is not None else os.environ.get("DITSERVE_MALLOC"))
+    except RuntimeError as exc:
+        raise SystemExit(f"--malloc: {exc}") from None
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     accel_from = Path(args.accel_from) if args.accel_from else None
@@ -831,7 +848,8 @@ def main(argv: list[str] | None = None) -> int:
         http, grpc_port, metrics = free_ports(3)
         server = TritonServer(ServerOptions(model_repository=repo, http_port=http, grpc_port=grpc_port,
                                             metrics_port=metrics, deployment=str(out / "deployment.toml"),
-                                            extra_args=[f"--exit-timeout-secs={args.exit_timeout}"]),
+                                            extra_args=[f"--exit-timeout-secs={args.exit_timeout}"],
+                                            malloc=args.malloc, env=server_env),
                               log_path=out / "server.log")
         print(f"[soak] starting tritonserver on {repo} (log {server.log_path})", file=sys.stderr, flush=True)
         server.start()

@@ -73,14 +73,62 @@ def _link(src: Path, dst: Path) -> None:
     dst.symlink_to(src)
 
 
-def server_env(deployment: str | None = None) -> dict[str, str]:
+# Allocators tritonserver can run with instead of glibc malloc (`DITSERVE_MALLOC`,
+# `ServerOptions.malloc`): the shared objects to preload, the first one found wins, and the
+# Debian/Ubuntu package that ships them. Triton's docs suggest preloading tcmalloc or jemalloc
+# against memory that glibc does not give back (docs/reliability.md, perf/results).
+MALLOC_LIBRARIES = {
+    "jemalloc": (("libjemalloc.so.2", "libjemalloc.so"), "libjemalloc2"),
+    "tcmalloc": (("libtcmalloc_minimal.so.4", "libtcmalloc.so.4"), "libtcmalloc-minimal4"),
+}
+
+
+def _library_dirs() -> list[Path]:
+    arch = os.uname().machine
+    return [Path(d) for d in (f"/usr/lib/{arch}-linux-gnu", f"/lib/{arch}-linux-gnu", "/usr/lib64", "/usr/lib",
+                              "/usr/local/lib")]
+
+
+def malloc_library(choice: str | None) -> Path | None:
+    """The shared object to preload for an allocator choice; None for glibc's own malloc.
+
+    `choice` is `glibc` (or empty), `jemalloc`, `tcmalloc`, or a path to a malloc library
+    (e.g. one copied to a machine without the package). Raises RuntimeError naming the package
+    when the library is not there: a server silently left on glibc would measure the wrong thing.
+    """
+    choice = (choice or "glibc").strip()
+    if choice == "glibc":
+        return None
+    if "/" in choice:
+        path = Path(choice)
+        if not path.is_file():
+            raise RuntimeError(f"malloc library {path} does not exist")
+        return path.resolve()
+    if choice not in MALLOC_LIBRARIES:
+        raise RuntimeError(f"unknown allocator {choice!r}: use glibc, {', '.join(MALLOC_LIBRARIES)} or a path to a .so")
+    names, package = MALLOC_LIBRARIES[choice]
+    dirs = _library_dirs()
+    for name in names:
+        for d in dirs:
+            if (d / name).is_file():
+                return d / name
+    raise RuntimeError(f"allocator {choice}: none of {', '.join(names)} in {', '.join(map(str, dirs))}; "
+                       f"install the Debian/Ubuntu package {package} (apt-get install -y {package}) "
+                       f"or pass the library's path")
+
+
+def server_env(deployment: str | None = None, malloc: str | None = None) -> dict[str, str]:
     """Environment the server and its Python stubs need.
 
     The stub takes its site-packages from the first `python3` on PATH, so the running
     interpreter's `bin` goes first; the wheel's bundled libs and libpython go on
-    LD_LIBRARY_PATH.
+    LD_LIBRARY_PATH. `malloc` (default: `DITSERVE_MALLOC`) preloads another allocator into
+    tritonserver and, through the inherited environment, into every stub (malloc_library()).
     """
     env = dict(os.environ)
+    library = malloc_library(malloc if malloc is not None else env.get("DITSERVE_MALLOC"))
+    if library is not None:
+        env["LD_PRELOAD"] = f"{library}:{env['LD_PRELOAD']}" if env.get("LD_PRELOAD") else str(library)
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
     libs = []
     if not os.environ.get("TRITONSERVER"):
@@ -135,6 +183,10 @@ class ServerOptions:
     deployment: str | None = None
     log_verbose: int = 0
     extra_args: list[str] = field(default_factory=list)
+    # glibc | jemalloc | tcmalloc | a path to a malloc .so; None: `DITSERVE_MALLOC`, else glibc
+    malloc: str | None = None
+    # added to the server's (and its stubs') environment, e.g. {"MALLOC_ARENA_MAX": "2"}
+    env: dict[str, str] = field(default_factory=dict)
 
 
 # Servers this process started and has not reaped yet: what stop_servers_on_signals() stops.
@@ -179,9 +231,10 @@ class TritonServer:
 
     def start(self) -> "TritonServer":
         self.stop_requested = False
+        env = {**server_env(self.options.deployment, self.options.malloc), **self.options.env}
         out = open(self.log_path, "w") if self.log_path else None
         self.process = subprocess.Popen(
-            self.command(), env=server_env(self.options.deployment), stdout=out, stderr=subprocess.STDOUT,
+            self.command(), env=env, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         if self not in _RUNNING:
