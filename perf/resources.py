@@ -74,6 +74,12 @@ def process_name(pid: int) -> str:
     return Path(argv[0].decode()).name
 
 
+def is_stub(pid: int) -> bool:
+    """Whether `pid` is a Python-backend stub (one per model instance). Other descendants come and
+    go on their own: inductor's compile workers, for one, start with a compile and quit when idle."""
+    return b"python_backend_stub" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+
+
 def gpu_memory_mb() -> tuple[list[str], list[float]]:
     """(GPU names, MiB used per GPU) from nvidia-smi; RuntimeError when it is missing or fails."""
     exe = shutil.which("nvidia-smi")
@@ -96,7 +102,7 @@ def sample(server_pid: int, state_table: Callable[[], float] | None = None, gpu:
     Values that cannot be read (no GPU, metrics endpoint down) are None, never an exception:
     a soak must keep sampling through what it is testing.
     """
-    rss = fds = 0
+    rss = fds = stubs = 0
     shm: set[str] = set()
     by_process: dict[str, float] = {}
     pids = process_tree(server_pid)
@@ -105,6 +111,7 @@ def sample(server_pid: int, state_table: Callable[[], float] | None = None, gpu:
             kb = rss_kb(pid)
             rss += kb
             by_process[process_name(pid)] = round(kb / 1024, 1)
+            stubs += is_stub(pid)
             fds += len(os.listdir(f"/proc/{pid}/fd"))
             for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
                 if "/dev/shm/" in line:
@@ -129,7 +136,7 @@ def sample(server_pid: int, state_table: Callable[[], float] | None = None, gpu:
             table = state_table()
         except OSError:
             pass
-    return {"t": time.monotonic(), "processes": len(pids), "rss_mb": round(rss / 1024, 2), "fds": fds,
+    return {"t": time.monotonic(), "processes": len(pids), "stubs": stubs, "rss_mb": round(rss / 1024, 2), "fds": fds,
             "shm_mb": round(shm_bytes / 2**20, 3), "gpu_mb": gpu_mb, "state_table": table, "by_process": by_process}
 
 

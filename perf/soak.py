@@ -445,10 +445,10 @@ def analyse(soak: Soak, problems: list[str]) -> dict:
     not_ready = [round(s["t"] - start, 1) for s in samples if not s["ready"]]
     if not_ready:
         problems.append(f"server not ready in {len(not_ready)} samples (at {not_ready[:10]} s)")
-    counts = sorted({s["processes"] for s in samples})
+    counts = sorted({s["stubs"] for s in samples})
     if len(counts) > 1:
         gone = sorted(set(samples[0]["by_process"]) - set(samples[-1]["by_process"]))
-        problems.append(f"server process count changed during the run: {counts}; gone at the end: {gone} "
+        problems.append(f"stub count changed during the run: {counts}; gone at the end: {gone} "
                         "(a stub that died stays dead: Triton neither restarts it nor reports it unready)")
     if samples[-1]["state_table"] not in (0, 0.0):
         problems.append(f"state table {samples[-1]['state_table']} at the end of the run")
@@ -461,7 +461,7 @@ def analyse(soak: Soak, problems: list[str]) -> dict:
     fit = after_warmup(samples, last[0]["t_start"], last[-1]["t_end"], share) if last else []
     slopes = last_phase_slopes(fit)
     return {"per_phase": per_phase, "overall": overall, "idle": idle, "rss_growth_by_process_mb": growth,
-            "not_ready_samples": len(not_ready), "process_counts": counts,
+            "not_ready_samples": len(not_ready), "stub_counts": counts,
             "last_phases": {"phases": [p["name"] for p in last], "samples": len(fit), "slopes_per_min": slopes}}
 
 
@@ -486,7 +486,7 @@ def criteria(soak: Soak | None, analysis: dict | None, problems: list[str], shut
             p["lost"] or p["duplicated"] or p["unexpected_outcomes"] for p in soak.phases),
         "server counters agree with the client's": soak is not None and all(
             all(p["server_checks"].values()) for p in soak.phases),
-        "no stub died (process count constant)": bool(analysis) and len(analysis["process_counts"]) == 1,
+        "no stub died (stub count constant)": bool(analysis) and len(analysis["stub_counts"]) == 1,
         "state table 0 after every phase": soak is not None and all(
             p["state_table_after_drain"] == 0 for p in soak.phases),
         f"every slope <= {bound:g}/min over the last phases": (
@@ -626,14 +626,13 @@ def write_report(soak: Soak | None, args, command: str, info: dict, deployment_t
                 f"{soak.workload.cancel_delay if soak else 'n/a'} s after sending (uniform). Server allocator: "
                 f"{args.malloc or os.environ.get('DITSERVE_MALLOC') or 'glibc'}"
                 f"{'; server environment ' + ' '.join(args.server_env) if args.server_env else ''}.")
-    every_phase = soak.phases if soak else []
-    split_models = sorted({key[:-len("_execs")] for ph in every_phase for key in ph.get("time_split", {})
+    split_models = sorted({key[:-len("_execs")] for ph in phases for key in ph.get("time_split", {})
                            if key.endswith("_execs")})
     split_rows = "\n".join(
         f"| {ph['name']} | " + " | ".join(
             f"{_f(ph['time_split'].get(m + '_queue_ms_per_request'))} / {_f(ph['time_split'].get(m + '_compute_ms_per_exec'))}"
             for m in split_models) + f" | {_f(ph['time_split'].get('dit_step_ms'))} |"
-        for ph in every_phase if ph.get("time_split"))
+        for ph in phases if ph.get("time_split"))
     md = f"""# Soak: {Path(args.deployment).name} — {dt.date.today().isoformat()} ({machine_label(info)})
 
 ## Ledger (before the shutdown; the pass criteria are at the end)
