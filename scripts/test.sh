@@ -3,11 +3,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-# tests/test_frontend.py drives the web page in Debian's chromium: Playwright's own browser
-# download cannot reach its servers from our machines. Root with apt-get only; else that test skips.
-if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
-    echo "[test] installing Debian's chromium (for the web page test)"
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium \
-        >/dev/null; } || echo "[test] warning: chromium did not install; the page test will skip"
+# Debian packages some tests need, installed when missing (root with apt-get only; else those tests skip):
+# chromium for tests/test_frontend.py's web page (Playwright's own browser download cannot reach its
+# servers from our machines), libjemalloc2 for tests/test_malloc.py's preloaded-allocator server.
+packages=()
+command -v chromium >/dev/null || packages+=(chromium)
+ls /usr/lib/*-linux-gnu/libjemalloc.so.2 >/dev/null 2>&1 || packages+=(libjemalloc2)
+if (( ${#packages[@]} )) && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    echo "[test] installing Debian's ${packages[*]} (for the web page and allocator tests)"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${packages[@]}" \
+        >/dev/null; } || echo "[test] warning: ${packages[*]} did not install; the tests that need them will skip"
 fi
 exec .venv/bin/python -m pytest -q "$@"
