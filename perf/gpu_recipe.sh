@@ -29,14 +29,18 @@
 #             with SCHED_LOADS (e.g. 0.5,0.8,0.95) a load ladder instead of SCHED_RATE: saturation
 #             measured on the first mode's server (SCHED_SAT_S, 30 s), one trace per fraction, one
 #             server per mode; e.g. SCHED_LOADS=0.5,0.8,0.95 SCHED_SIZES=1024 SCHED_STEPS=20 SCHED_GUIDANCE=4.5
-#   soak      issue 19: perf/soak.py on the PixArt deployment with the real config's [accel]
-#             (SOAK_ACCEL_FROM, default configs/pixart-sigma-1024.toml; empty = the deployment's own,
-#             eager) warmed at SOAK_WARM (256x256,512x512): measured saturation, then Poisson phases at
-#             0.5 / 0.9 / 1.3 x it sized to send SOAK_TARGET (10000) requests in what is left of the
-#             call; SOAK_SIZES 256,512 px, SOAK_STEPS 2-8, 5 % cancels, 2 % bad, 1 % injected
-#             faults, streaming / unary / CUDA-shm clients; pass criteria in the JSON ->
-#             $OUT/soak.json, $OUT/soak.png, $OUT/soak.tgz (soak.md, server.log, deployment.toml);
-#             not in `all`; one call: `bash perf/gpu_recipe.sh soak` (builds the model first if missing)
+#   soak      issue 19: perf/soak.py on SOAK_DEPLOYMENT (default perf/deployments/pixart-sigma-soak-h200.toml:
+#             full-size PixArt, step + cost, capacity 16, CUDA graphs and compiled T5 / VAE decode warmed at
+#             256x256, compile cache in /tmp) with its own [accel] (SOAK_ACCEL_FROM=FILE takes FILE's, warmed
+#             at SOAK_WARM; configs/pixart-sigma-1024-random.toml = eager): measured saturation, then Poisson
+#             phases SOAK_PHASES (0.5,0.9,1.3,0.75) x it sized to send SOAK_TARGET (10000) requests in what is
+#             left of the call, slopes fitted over the last (steady) phase; SOAK_SIZES 256 px, SOAK_STEPS 2-8,
+#             5 % cancels, 2 % bad, 1 % injected faults, streaming / unary / CUDA-shm clients; pass criteria in
+#             the JSON -> $OUT/soak.json, $OUT/soak.png, $OUT/soak.tgz (soak.md, server.log, deployment.toml);
+#             not in `all`. The cold compile takes ~175 s: for 10,000 requests run a short call first
+#             (SOAK_TARGET=0 SOAK_ARGS="--phase-seconds 15 --phases 0.5,1.3 --reserve-seconds 30"
+#             RECIPE_DEADLINE_S=310), then the soak on the same still-warm machine
+#             (perf/results/2026-12-02-h200-soak-run6.md)
 #   sweeps    the named perf_analyzer sweeps in SWEEPS (default gpu-pixart1024-unary,gpu-pixart1024-stream),
 #             one after the other, each with its own raw baseline and server (perf/run_perf_analyzer.sh)
 #             -> $OUT/sweeps.tgz (each sweep's .md/.csv/.json/.png, ready for perf/results/);
@@ -92,8 +96,8 @@
 # BASELINE_RUNS (5), BASELINE_WARMUP (1), BASELINE_BATCHES (1,2,4,8), BASELINE_BATCH_RUNS (2),
 # SMOKE_SOLO (3), SMOKE_CONCURRENT (4), SWEEPS (gpu-pixart1024-unary,gpu-pixart1024-stream; a gpu-wan-* sweep
 # first builds full-size Wan2.1-T2V-1.3B if missing), SWEEP_LEVEL_TIMEOUT_S (150),
-# SOAK_TARGET (10000), SOAK_SIZES (256,512), SOAK_STEPS (2-8), SOAK_ACCEL_FROM, SOAK_WARM (256x256,512x512),
-# SOAK_DEPLOYMENT (default the recipe's; perf/deployments/pixart-sigma-soak-h200.toml is issue 19's), SOAK_ARGS (extra soak.py args),
+# SOAK_TARGET (10000), SOAK_SIZES (256), SOAK_STEPS (2-8), SOAK_PHASES (0.5,0.9,1.3,0.75), SOAK_ACCEL_FROM, SOAK_WARM (256x256),
+# SOAK_DEPLOYMENT (perf/deployments/pixart-sigma-soak-h200.toml), SOAK_ARGS (extra soak.py args),
 # CONTROL_RATE (0.6 req/s), CONTROL_N (24), CONTROL_ARGS (extra args),
 # SCHED_MODES, SCHED_CAPACITY, SCHED_RATE (1.0 req/s), SCHED_N (40), SCHED_SIZES, SCHED_STEPS, SCHED_GUIDANCE,
 # SCHED_LOADS, SCHED_SAT_S (scheduler stage),
@@ -432,11 +436,11 @@ stage_sweeps() {
 
 stage_soak() {
     local soak="$WORK/soak" accel=()
-    [[ -n "${SOAK_ACCEL_FROM-configs/pixart-sigma-1024.toml}" ]] && \
-        accel=(--accel-from "${SOAK_ACCEL_FROM-configs/pixart-sigma-1024.toml}" --warm-sizes "${SOAK_WARM:-256x256,512x512}")
-    "$PY" perf/soak.py --deployment "${SOAK_DEPLOYMENT:-$DEPLOYMENT}" "${accel[@]}" --sizes "${SOAK_SIZES:-256,512}" \
-        --steps "${SOAK_STEPS:-2-8}" --guidance 1.0,4.5 --phases 0.5,0.9,1.3 --target-requests "${SOAK_TARGET:-10000}" \
-        --budget-seconds "$(( $(remaining) - 10 ))" --saturation-seconds 20 --sample-interval 3 \
+    [[ -n "${SOAK_ACCEL_FROM:-}" ]] && accel=(--accel-from "$SOAK_ACCEL_FROM" --warm-sizes "${SOAK_WARM:-256x256}")
+    "$PY" perf/soak.py --deployment "${SOAK_DEPLOYMENT:-perf/deployments/pixart-sigma-soak-h200.toml}" "${accel[@]}" \
+        --sizes "${SOAK_SIZES:-256}" --steps "${SOAK_STEPS:-2-8}" --guidance 1.0,4.5 \
+        --phases "${SOAK_PHASES:-0.5,0.9,1.3,0.75}" --slope-phases 1 --target-requests "${SOAK_TARGET:-10000}" \
+        --budget-seconds "$(( $(remaining) - 10 ))" --saturation-seconds 15 --sample-interval 3 \
         --request-timeout 120 --out "$soak" ${SOAK_ARGS:-}
     local rc=$?
     cp "$soak/soak.json" "$soak/soak.png" "$OUT/" 2>/dev/null
