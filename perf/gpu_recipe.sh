@@ -395,26 +395,20 @@ family_row() {
     [[ -n "${FAMILY_KEEP:-}" ]] || rm -rf "$dir"
     return $rc
 }
-stage_family() {
-    local row rc=0
-    mkdir -p "$WORK/family"
-    for row in ${FAMILY_ROWS//,/ }; do
-        log "family row $row"
-        family_row "$row" || { rc=$?; log "family row $row: exit $rc"; }
-        tar -czf "$OUT/family.tgz" -C "$WORK/family" --exclude='repo-*' --exclude='*.npy' .
+# run_rows NAME ROW_FUNCTION ROWS: ROW_FUNCTION for each of the comma-separated ROWS, each in
+# $WORK/NAME; $OUT/NAME.tgz is rewritten after every row, so a timed-out call keeps the finished ones.
+run_rows() {
+    local name=$1 fn=$2 row rc=0
+    mkdir -p "$WORK/$name"
+    for row in ${3//,/ }; do
+        log "$name row $row"
+        "$fn" "$row" || { rc=$?; log "$name row $row: exit $rc"; }
+        tar -czf "$OUT/$name.tgz" -C "$WORK/$name" --exclude='repo-*' --exclude='*.npy' .
     done
     return $rc
 }
-stage_accel() {
-    local row rc=0
-    mkdir -p "$WORK/accel"
-    for row in ${ACCEL_ROWS//,/ }; do
-        log "accel row $row"
-        accel_row "$row" || { rc=$?; log "accel row $row: exit $rc"; }
-        tar -czf "$OUT/accel.tgz" -C "$WORK/accel" --exclude='repo-*' --exclude='*.npy' .
-    done
-    return $rc
-}
+stage_family() { run_rows family family_row "$FAMILY_ROWS"; }
+stage_accel() { run_rows accel accel_row "$ACCEL_ROWS"; }
 
 stage_sweeps() {
     local dir="$WORK/sweeps" name rc=0
@@ -640,7 +634,7 @@ main() {
     export REPO_ROOT PY OUT DEADLINE_S DEPLOYMENT MODEL_DIR DEVICE SIZE STEPS WORK START_EPOCH ACCEL_ROWS="${ACCEL_ROWS:-pixart512,pixart1024}" ACCEL_SETTINGS \
         FAMILY_ROWS="${FAMILY_ROWS:-flux,sd3}"
     export -f log remaining model_ready stage_env stage_build stage_baseline stage_smoke stage_control stage_scheduler collect_control \
-        stage_matrix build_wan_t2v stage_sweeps stage_soak stage_video stage_i2v accel_row stage_accel family_row stage_family stage_probe stage_cache
+        stage_matrix build_wan_t2v stage_sweeps stage_soak stage_video stage_i2v accel_row stage_accel family_row stage_family run_rows stage_probe stage_cache
     log "stages: ${expanded[*]} (deadline ${DEADLINE_S}s)"
     for s in "${expanded[@]}"; do
         case "$s" in

@@ -57,7 +57,6 @@ import argparse
 import asyncio
 import datetime as dt
 import json
-import os
 import random
 import re
 import shlex
@@ -79,7 +78,7 @@ from machine import fence, machine_info, machine_label, server_version  # noqa: 
 from matched_control import loadgen, render_repository  # noqa: E402
 
 from ditserve.deployment import Deployment, load_deployment  # noqa: E402  (matched_control put backends/ on the path)
-from ditserve.launcher import ServerOptions, TritonServer, free_ports, malloc_library  # noqa: E402
+from ditserve.launcher import ServerOptions, TritonServer, free_ports, malloc_choice, malloc_library  # noqa: E402
 
 STATE_TABLE = ("ditserve_state_table_size", "dit")
 COUNTERS = {"completed": "ditserve_requests_completed_total", "failed": "ditserve_requests_failed_total",
@@ -564,7 +563,7 @@ def write_report(soak: Soak | None, args, command: str, info: dict, deployment_t
                      "fault_rate": args.fault_rate, "unary_share": args.unary_share, "seed": args.seed,
                      "cancel_delay_s": soak.workload.cancel_delay if soak else None,
                      "request_timeout_s": args.request_timeout, "sample_interval_s": args.sample_interval,
-                     "warmup_share": args.warmup_share, "malloc": args.malloc or os.environ.get("DITSERVE_MALLOC"),
+                     "warmup_share": args.warmup_share, "malloc": args.malloc,
                      "server_env": args.server_env},
         "saturation": soak.saturation if soak else {},
         "phases": [{**{k: v for k, v in p.items() if k not in ("t_start", "t_end")},
@@ -624,7 +623,7 @@ def write_report(soak: Soak | None, args, command: str, info: dict, deployment_t
                 f"{args.shm_share:.0%} unary into {soak.workload.shm_kind if soak else 'n/a'} shared memory, the rest "
                 f"streamed. Cancel delay "
                 f"{soak.workload.cancel_delay if soak else 'n/a'} s after sending (uniform). Server allocator: "
-                f"{args.malloc or os.environ.get('DITSERVE_MALLOC') or 'glibc'}"
+                f"{args.malloc}"
                 f"{'; server environment ' + ' '.join(args.server_env) if args.server_env else ''}.")
     split_models = sorted({key[:-len("_execs")] for ph in phases for key in ph.get("time_split", {})
                            if key.endswith("_execs")})
@@ -814,7 +813,8 @@ def main(argv: list[str] | None = None) -> int:
     if len(server_env) != len(args.server_env):
         raise SystemExit("--server-env takes KEY=VALUE")
     try:
-        malloc_library(args.malloc if args.malloc is not None else os.environ.get("DITSERVE_MALLOC"))
+        args.malloc = malloc_choice(args.malloc)   # resolved once: the report names the allocator it ran on
+        malloc_library(args.malloc)
     except RuntimeError as exc:
         raise SystemExit(f"--malloc: {exc}") from None
     out = Path(args.out)

@@ -89,6 +89,11 @@ def _library_dirs() -> list[Path]:
                               "/usr/local/lib")]
 
 
+def malloc_choice(malloc: str | None = None) -> str:
+    """The allocator a server started with `malloc` runs on: `malloc`, else `DITSERVE_MALLOC`, else glibc."""
+    return (malloc if malloc is not None else os.environ.get("DITSERVE_MALLOC")) or "glibc"
+
+
 def malloc_library(choice: str | None) -> Path | None:
     """The shared object to preload for an allocator choice; None for glibc's own malloc.
 
@@ -126,7 +131,7 @@ def server_env(deployment: str | None = None, malloc: str | None = None) -> dict
     tritonserver and, through the inherited environment, into every stub (malloc_library()).
     """
     env = dict(os.environ)
-    library = malloc_library(malloc if malloc is not None else env.get("DITSERVE_MALLOC"))
+    library = malloc_library(malloc_choice(malloc))
     if library is not None:
         env["LD_PRELOAD"] = f"{library}:{env['LD_PRELOAD']}" if env.get("LD_PRELOAD") else str(library)
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
