@@ -33,14 +33,14 @@
 #             full-size PixArt, step + cost, capacity 16, CUDA graphs and compiled T5 / VAE decode warmed at
 #             256x256, compile cache in /tmp) with its own [accel] (SOAK_ACCEL_FROM=FILE takes FILE's, warmed
 #             at SOAK_WARM; configs/pixart-sigma-1024-random.toml = eager): measured saturation, then Poisson
-#             phases SOAK_PHASES (0.5,0.9,1.3,0.75) x it sized to send SOAK_TARGET (10000) requests in what is
+#             phases SOAK_PHASES (0.6,0.95,1.3,0.8) x it sized to send SOAK_TARGET (10000) requests in what is
 #             left of the call, slopes fitted over the last (steady) phase; SOAK_SIZES 256 px, SOAK_STEPS 2-8,
 #             5 % cancels, 2 % bad, 1 % injected faults, streaming / unary / CUDA-shm clients; pass criteria in
 #             the JSON -> $OUT/soak.json, $OUT/soak.png, $OUT/soak.tgz (soak.md, server.log, deployment.toml);
 #             not in `all`. The cold compile takes ~175 s: for 10,000 requests run a short call first
 #             (SOAK_TARGET=0 SOAK_ARGS="--phase-seconds 15 --phases 0.5,1.3 --reserve-seconds 30"
 #             RECIPE_DEADLINE_S=310), then the soak on the same still-warm machine
-#             (perf/results/2026-12-02-h200-soak-run6.md)
+#             (perf/results/2026-12-02-h200-soak-run7-8.md: 10,001 requests)
 #   sweeps    the named perf_analyzer sweeps in SWEEPS (default gpu-pixart1024-unary,gpu-pixart1024-stream),
 #             one after the other, each with its own raw baseline and server (perf/run_perf_analyzer.sh)
 #             -> $OUT/sweeps.tgz (each sweep's .md/.csv/.json/.png, ready for perf/results/);
@@ -96,7 +96,7 @@
 # BASELINE_RUNS (5), BASELINE_WARMUP (1), BASELINE_BATCHES (1,2,4,8), BASELINE_BATCH_RUNS (2),
 # SMOKE_SOLO (3), SMOKE_CONCURRENT (4), SWEEPS (gpu-pixart1024-unary,gpu-pixart1024-stream; a gpu-wan-* sweep
 # first builds full-size Wan2.1-T2V-1.3B if missing), SWEEP_LEVEL_TIMEOUT_S (150),
-# SOAK_TARGET (10000), SOAK_SIZES (256), SOAK_STEPS (2-8), SOAK_PHASES (0.5,0.9,1.3,0.75), SOAK_ACCEL_FROM, SOAK_WARM (256x256),
+# SOAK_TARGET (10000), SOAK_SIZES (256), SOAK_STEPS (2-8), SOAK_PHASES (0.6,0.95,1.3,0.8), SOAK_ACCEL_FROM, SOAK_WARM (256x256),
 # SOAK_DEPLOYMENT (perf/deployments/pixart-sigma-soak-h200.toml), SOAK_ARGS (extra soak.py args),
 # CONTROL_RATE (0.6 req/s), CONTROL_N (24), CONTROL_ARGS (extra args),
 # SCHED_MODES, SCHED_CAPACITY, SCHED_RATE (1.0 req/s), SCHED_N (40), SCHED_SIZES, SCHED_STEPS, SCHED_GUIDANCE,
@@ -433,7 +433,7 @@ stage_soak() {
     [[ -n "${SOAK_ACCEL_FROM:-}" ]] && accel=(--accel-from "$SOAK_ACCEL_FROM" --warm-sizes "${SOAK_WARM:-256x256}")
     "$PY" perf/soak.py --deployment "${SOAK_DEPLOYMENT:-perf/deployments/pixart-sigma-soak-h200.toml}" "${accel[@]}" \
         --sizes "${SOAK_SIZES:-256}" --steps "${SOAK_STEPS:-2-8}" --guidance 1.0,4.5 \
-        --phases "${SOAK_PHASES:-0.5,0.9,1.3,0.75}" --slope-phases 1 --target-requests "${SOAK_TARGET:-10000}" \
+        --phases "${SOAK_PHASES:-0.6,0.95,1.3,0.8}" --slope-phases 1 --target-requests "${SOAK_TARGET:-10000}" \
         --budget-seconds "$(( $(remaining) - 10 ))" --saturation-seconds 15 --sample-interval 3 \
         --request-timeout 120 --out "$soak" ${SOAK_ARGS:-}
     local rc=$?

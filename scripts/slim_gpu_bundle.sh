@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Shrink .gpu/ (built by ../shared/tools/make_gpu_bundle.sh) so that it fits the device tool's
+# carry limit: the working tree plus what is carried must stay under 64 MiB, and .gpu's wheels
+# (numpy alone is 18 MB, zip-compressed) pushed it over once perf/results had grown.
+# The wheels are unpacked into one xz archive (about half their size) that .gpu/env.sh extracts
+# into its venv instead of pip-installing them; installing a wheel with --no-compile --target
+# into an empty site-packages is the same unpacking.
+#
+#   bash scripts/slim_gpu_bundle.sh          (from the checkout root, after make_gpu_bundle.sh)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+G=.gpu
+if [ -f $G/site.txz ] && [ ! -d $G/whl ]; then
+    echo "slim_gpu_bundle: $G is already slim ($(du -sh $G | cut -f1))"; exit 0
+fi
+[ -d $G/whl ] || { echo "slim_gpu_bundle: no $G/whl; build the bundle first: bash ../shared/tools/make_gpu_bundle.sh" >&2; exit 1; }
+grep -q '^python3 -m pip install .*\$_G/whl/\*\.whl' $G/env.sh || {
+    echo "slim_gpu_bundle: $G/env.sh has no 'python3 -m pip install ... \$_G/whl/*.whl' line to replace" >&2; exit 1; }
+site=$(mktemp -d)
+trap 'rm -rf "$site"' EXIT
+for wheel in $G/whl/*.whl; do
+    echo "slim_gpu_bundle: unpacking $(basename "$wheel")"
+    python3 -m zipfile -e "$wheel" "$site"
+done
+echo "slim_gpu_bundle: packing $(du -sh "$site" | cut -f1) into $G/site.txz (xz, ~30 s)"
+tar cJf $G/site.txz -C "$site" .
+sed -i 's|^python3 -m pip install .*\$_G/whl/\*\.whl.*$|tar xJf $_G/site.txz -C $_SITE   # the wheels, unpacked (scripts/slim_gpu_bundle.sh)|' $G/env.sh
+rm -rf $G/whl
+echo "slim_gpu_bundle: $G is now $(du -sh $G | cut -f1)"
