@@ -14,6 +14,11 @@
    `--concurrency` closed-loop clients for `--per-client` requests each (generations/s), and
    the dit/txt2img_stream metrics (compiled vs eager forwards, warm-up seconds and device
    memory per model, step time).
+3. Cache tiers (issue 20), with `--tiers lossless,fast,...` and the variant's [cache] thresholds from
+   `--cache-tiers fast=0.07 ...`: after the lossless measurements above, each lossy tier on the same
+   server: `--solo` solo requests (p50) and the closed loop again, with the steps each request
+   reused (`cache_hits`) and the PSNR of its seed-1 media against the served lossless one. Ratios:
+   the tier's throughput and solo p50 against lossless's.
 Writes DIR/accel_<name>.json; the rows of perf/results/<date>-h200-accel.json are taken from these files.
 """
 from __future__ import annotations
@@ -35,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "backends"), str(ROOT / "perf")]
 
 from ditserve.client import DitClient, GenerationRequest  # noqa: E402
-from ditserve.deployment import load_deployment, write_variant  # noqa: E402
+from ditserve.deployment import LOSSLESS, load_deployment, write_variant  # noqa: E402
 from ditserve.launcher import ServerOptions, TritonServer, free_ports  # noqa: E402
 import loadgen  # noqa: E402
 
@@ -62,12 +67,24 @@ def parse_accel(items: list[str]) -> dict:
     return out
 
 
+def parse_tiers(items: list[str]) -> dict:
+    """`fast=0.07 balanced=0.05` -> {"fast": 0.07, "balanced": 0.05} ([cache] tiers)."""
+    tiers = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        try:
+            tiers[name] = float(value)
+        except ValueError:
+            raise SystemExit(f"--cache-tiers {item!r}: expected name=threshold, e.g. fast=0.07") from None
+    return tiers
+
+
 def raw_baseline(args, work: Path) -> dict:
     cmd = [sys.executable, str(ROOT / "perf" / "raw_diffusers_baseline.py"), "--deployment", args.deployment,
            "--height", str(args.height), "--width", str(args.width), "--steps", str(args.steps),
            "--guidance-scale", str(args.guidance), "--runs", str(args.raw_runs), "--warmup", "1",
            "--batch-sizes", args.raw_batches, "--batch-runs", "2",
-           "--seed", "1", "--save-media", str(work / "raw_seed1.npy")]
+           "--seed", "1", "--save-media", str(work / "raw_seed1.npy"), "--prompt", args.prompt]
     if args.frames:
         cmd += ["--frames", str(args.frames)]
     print("[accel] raw:", " ".join(cmd), flush=True)
@@ -77,10 +94,10 @@ def raw_baseline(args, work: Path) -> dict:
     return json.loads(run.stdout)
 
 
-def request(args, seed: int) -> GenerationRequest:
+def request(args, seed: int, quality: str | None = None) -> GenerationRequest:
     extra = {"num_frames": args.frames} if args.frames else {}
-    return GenerationRequest(PROMPT, seed=seed, height=args.height, width=args.width, num_inference_steps=args.steps,
-                             guidance_scale=args.guidance, **extra)
+    return GenerationRequest(args.prompt, seed=seed, height=args.height, width=args.width, num_inference_steps=args.steps,
+                             guidance_scale=args.guidance, quality=quality, **extra)
 
 
 def warm_client_process(url: str, args) -> None:
@@ -88,7 +105,7 @@ def warm_client_process(url: str, args) -> None:
     set-up: 60-80 ms on CPU, 70-150 ms on the H200 runs) with a request the server rejects at
     validation, so `first_request_ms` measures the server's first request, not the client's.
     The rejection touches only the public model, whose request path was already warmed at load."""
-    bad = GenerationRequest(PROMPT, seed=1, height=args.height, width=args.width, num_inference_steps=0,
+    bad = GenerationRequest(args.prompt, seed=1, height=args.height, width=args.width, num_inference_steps=0,
                             guidance_scale=args.guidance)
     try:
         with DitClient(url, protocol="grpc-stream") as client:
@@ -115,12 +132,61 @@ def start_ready(args, repo: Path, variant: Path, log_path: Path) -> tuple[Triton
     return server, round(time.perf_counter() - t0, 1)
 
 
-def timed_generation(url: str, args, seed: int) -> tuple[float, np.ndarray]:
-    """One streamed generation: (client milliseconds, its media)."""
+def timed_generation(url: str, args, seed: int, quality: str | None = None) -> tuple[float, np.ndarray, int]:
+    """One streamed generation: (client milliseconds, its media, the steps its tier reused)."""
     start = time.perf_counter()
     with DitClient(url, protocol="grpc-stream") as client:
-        media = client.generate(request(args, seed), timeout_s=600).media
-    return (time.perf_counter() - start) * 1000, media
+        result = client.generate(request(args, seed, quality), timeout_s=600)
+    return (time.perf_counter() - start) * 1000, result.media, result.cache_hits
+
+
+def closed_loop(url: str, args, quality: str | None = None) -> dict:
+    """`--concurrency` clients, `--per-client` streamed generations each, one after another."""
+    done, hits, errors = [], [], []
+
+    def client(i: int) -> None:
+        for k in range(args.per_client):
+            try:
+                ms, _, reused = timed_generation(url, args, 100 + i * args.per_client + k, quality)
+                done.append(ms)
+                hits.append(reused)
+            except Exception as exc:  # noqa: BLE001  (recorded, the run goes on)
+                errors.append(f"{type(exc).__name__}: {exc}"[:300])
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(args.concurrency)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    return {"clients": args.concurrency, "requests": len(done), "errors": errors, "wall_s": round(wall, 2),
+            "generations_per_s": round(len(done) / wall, 3), "p50_ms": round(statistics.median(done), 1) if done else None,
+            "cache_hits_mean": round(statistics.mean(hits), 2) if hits else None}
+
+
+def accel_metrics(scrape: dict) -> dict:
+    """The acceleration and cache series of a scrape, as `name{model}: value`."""
+    return {f"{name}{{{model}}}": value for (name, model), value in scrape.items()
+            if name.startswith(("ditserve_accel", "ditserve_compiled", "ditserve_eager", "ditserve_cache"))}
+
+
+def lossy_tier(url: str, args, tier: str, lossless: dict, lossless_media: np.ndarray) -> dict:
+    """Solo p50, closed-loop throughput, steps reused and PSNR against lossless of one cache tier."""
+    out: dict = {}
+    solo = [timed_generation(url, args, 1, tier) for _ in range(args.solo)]
+    out["solo_ms"] = [round(ms, 1) for ms, _, _ in solo]
+    out["solo_p50_ms"] = round(statistics.median(out["solo_ms"]), 1)
+    out["cache_hits_seed1"] = solo[0][2]
+    out["psnr_vs_lossless_db"] = round(psnr(solo[0][1], lossless_media), 2)
+    out["ratios"] = {"solo_p50_vs_lossless": round(out["solo_p50_ms"] / lossless["solo_p50_ms"], 3)}
+    if args.concurrency > 1:
+        out["concurrent"] = closed_loop(url, args, tier)
+        out["ratios"]["throughput_vs_lossless"] = round(
+            out["concurrent"]["generations_per_s"] / lossless["concurrent"]["generations_per_s"], 3)
+    print(f"[accel] tier {tier}: solo p50 {out['solo_p50_ms']} ms, {out['cache_hits_seed1']} of {args.steps} steps "
+          f"reused, PSNR vs lossless {out['psnr_vs_lossless_db']} dB, {out['ratios']}", flush=True)
+    return out
 
 
 def served(args, work: Path, report: dict) -> None:
@@ -130,8 +196,9 @@ def served(args, work: Path, report: dict) -> None:
         accel.setdefault("compile_cache", str(work / "inductor-cache"))
         shutil.rmtree(accel["compile_cache"], ignore_errors=True)
     variant = work / f"{args.name}.toml"
+    cache = {"tiers": parse_tiers(args.cache_tiers)} if args.cache_tiers else None
     write_variant(Path(args.deployment), variant, {"mode": "step", "capacity": args.capacity}, "perf/accel_bench.py",
-                  accel=accel)
+                  accel=accel, cache=cache)
     report["served_deployment"] = variant.read_text()
     repo = work / f"repo-{args.name}"
     subprocess.run([sys.executable, str(ROOT / "scripts" / "render_repository.py"), "--deployment", str(variant),
@@ -142,7 +209,7 @@ def served(args, work: Path, report: dict) -> None:
         media = {}
 
         def one(seed: int) -> float:
-            ms, media[seed] = timed_generation(server.grpc_url, args, seed)
+            ms, media[seed], _ = timed_generation(server.grpc_url, args, seed)
             return ms
 
         warm_client_process(server.grpc_url, args)
@@ -160,30 +227,15 @@ def served(args, work: Path, report: dict) -> None:
               f"PSNR {report['psnr_vs_raw_db']} dB", flush=True)
         before = loadgen.scrape(server.metrics_url)
         if args.concurrency > 1:
-            done, errors = [], []
-
-            def client(i: int) -> None:
-                for k in range(args.per_client):
-                    try:
-                        done.append(one(100 + i * args.per_client + k))
-                    except Exception as exc:  # noqa: BLE001  (recorded, the run goes on)
-                        errors.append(f"{type(exc).__name__}: {exc}"[:300])
-
-            threads = [threading.Thread(target=client, args=(i,)) for i in range(args.concurrency)]
-            start = time.perf_counter()
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            wall = time.perf_counter() - start
-            report["concurrent"] = {"clients": args.concurrency, "requests": len(done), "errors": errors,
-                                    "wall_s": round(wall, 2), "generations_per_s": round(len(done) / wall, 3),
-                                    "p50_ms": round(statistics.median(done), 1) if done else None}
+            report["concurrent"] = closed_loop(server.grpc_url, args)
             print(f"[accel] concurrency {args.concurrency}: {report['concurrent']}", flush=True)
         after = loadgen.scrape(server.metrics_url)
-        report["metrics"] = {f"{name}{{{model}}}": value for (name, model), value in after.items()
-                             if name.startswith(("ditserve_accel", "ditserve_compiled", "ditserve_eager"))}
         report["split_under_load"] = loadgen.where_time_goes(before, after)
+        report["metrics"] = accel_metrics(after)
+        for tier in args.tiers.split(",")[1:]:
+            report.setdefault("tiers", {})[tier] = lossy_tier(server.grpc_url, args, tier, report, media[1])
+        if args.tiers != LOSSLESS:
+            report["metrics_after_tiers"] = accel_metrics(loadgen.scrape(server.metrics_url))
     finally:
         server.stop()
         report["server_log_tail"] = server.log_tail(40)
@@ -201,8 +253,7 @@ def restart(args, repo: Path, variant: Path, work: Path) -> dict:
         warm_client_process(server.grpc_url, args)
         times = [round(timed_generation(server.grpc_url, args, seed)[0], 1) for seed in range(1, 4)]
         out["first_request_ms"], out["next_ms"] = times[0], times[1:]
-        out["metrics"] = {f"{name}{{{model}}}": value for (name, model), value in loadgen.scrape(server.metrics_url).items()
-                          if name.startswith("ditserve_accel")}
+        out["metrics"] = accel_metrics(loadgen.scrape(server.metrics_url))
     finally:
         server.stop()
     return out
@@ -213,6 +264,8 @@ def main() -> int:
     ap.add_argument("--deployment", required=True)
     ap.add_argument("--name", required=True)
     ap.add_argument("--size", required=True, help="HxW")
+    ap.add_argument("--prompt", default=PROMPT, help="every request's prompt (the trained tiny model knows shapes: "
+                                                        "'a red circle on a blue background')")
     ap.add_argument("--frames", type=int, default=0, help="video families")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--guidance", type=float, default=4.5)
@@ -226,8 +279,14 @@ def main() -> int:
     ap.add_argument("--ready-timeout", type=float, default=480)
     ap.add_argument("--restart", action="store_true",
                     help="compile into a fresh cache, then start the server again on it (warm-cache READY time)")
+    ap.add_argument("--tiers", default=LOSSLESS,
+                    help="quality tiers to measure, lossless first (e.g. lossless,fast); the lossy ones need --cache-tiers "
+                         "or the deployment's [cache]")
+    ap.add_argument("--cache-tiers", nargs="*", default=[], help="the variant's [cache] tiers: name=threshold ...")
     ap.add_argument("--out", default=str(ROOT / "outputs" / "accel"))
     args = ap.parse_args()
+    if args.tiers.split(",")[0] != LOSSLESS:
+        ap.error(f"--tiers must start with {LOSSLESS} (the reference of the others), got {args.tiers!r}")
     args.height, args.width = (int(v) for v in args.size.lower().split("x"))
     out = Path(args.out)
     work = out / f"work-{args.name}"

@@ -33,7 +33,7 @@
 #             full-size PixArt, step + cost, capacity 16, CUDA graphs and compiled T5 / VAE decode warmed at
 #             256x256, compile cache in /tmp) with its own [accel] (SOAK_ACCEL_FROM=FILE takes FILE's, warmed
 #             at SOAK_WARM; configs/pixart-sigma-1024-random.toml = eager): measured saturation, then Poisson
-#             phases SOAK_PHASES (0.6,0.95,1.3,0.8) x it sized to send SOAK_TARGET (10000) requests in what is
+#             phases SOAK_PHASES (0.95,1.3,0.8x2: FxW = W times as long) x it sized to send SOAK_TARGET (10000) requests in what is
 #             left of the call, slopes fitted over the last (steady) phase; SOAK_SIZES 256 px, SOAK_STEPS 2-8,
 #             5 % cancels, 2 % bad, 1 % injected faults, streaming / unary / CUDA-shm clients; pass criteria in
 #             the JSON -> $OUT/soak.json, $OUT/soak.png, $OUT/soak.tgz (soak.md, server.log, deployment.toml);
@@ -52,7 +52,8 @@
 #             (not in `all`; ~4-6 min)
 #   accel     issue 23: served with [accel] (ACCEL_SETTINGS, default transformer=cuda_graphs) vs eager
 #             diffusers in the same call, per row of ACCEL_ROWS (pixart512, pixart1024: full-size PixArt,
-#             20 steps, solo + closed loop at capacity; wan: 81x480x832, 10 steps, solo) ->
+#             20 steps, solo + closed loop at capacity: 512 at ACCEL_512_CAPACITY (16) with 2x as many
+#             clients and ACCEL_512_BUCKETS (row_buckets=2,8,16,32), 1024 at 4; wan: 81x480x832, 10 steps, solo) ->
 #             $OUT/accel.tgz (perf/accel_bench.py's JSON and server log per row); ~4-5 min per PixArt
 #             row with its build, compile and warm-up (not in `all`); ACCEL_RESTART=1 compiles into a fresh
 #             cache and then starts the server again on it (warm-cache READY and first request; ~+1-2 min)
@@ -70,7 +71,12 @@
 #             ($SIZE px, $STEPS steps): lossless vs the CACHE_TIERS thresholds (default
 #             t05=0.05 t10=0.1 t20=0.2), CACHE_PROMPTS (16) prompts in step batches of CACHE_BATCH (8),
 #             3 interleaved passes -> $OUT/cache_frontier.json (speed-up, cache hits, block work;
-#             random weights: the PSNR/SSIM there are not quality evidence) (not in `all`; ~3-4 min)
+#             random weights: the PSNR/SSIM there are not quality evidence) (not in `all`; ~3-4 min;
+#             CACHE_FRONTIER=0 skips it); then, per row of CACHE_SERVED (pixart1024: $SIZE px 20 steps,
+#             capacity 8, 8 closed-loop clients; wan: 81x480x832 10 steps solo), the served tiers
+#             (perf/accel_bench.py --tiers: lossless vs each of CACHE_SERVED_TIERS, default
+#             fast=0.07 t10=0.1 t20=0.2, with ACCEL_SETTINGS) -> $OUT/cache.tgz; e.g.
+#             CACHE_FRONTIER=0 CACHE_SERVED=pixart1024 RECIPE_DEADLINE_S=570 bash perf/gpu_recipe.sh cache
 #   i2v       full-size Wan2.1-I2V-14B-480P (random weights) -> models/wan2.1-i2v-14b-480p-random
 #             (~46 GB: transformer 16.4B, UMT5-XXL 5.7B, CLIP ViT-H/14 0.63B, VAE), then
 #             perf/video_transport.py on configs/wan2.1-i2v-14b-480p-random.toml: img2vid_stream,
@@ -96,7 +102,7 @@
 # BASELINE_RUNS (5), BASELINE_WARMUP (1), BASELINE_BATCHES (1,2,4,8), BASELINE_BATCH_RUNS (2),
 # SMOKE_SOLO (3), SMOKE_CONCURRENT (4), SWEEPS (gpu-pixart1024-unary,gpu-pixart1024-stream; a gpu-wan-* sweep
 # first builds full-size Wan2.1-T2V-1.3B if missing), SWEEP_LEVEL_TIMEOUT_S (150),
-# SOAK_TARGET (10000), SOAK_SIZES (256), SOAK_STEPS (2-8), SOAK_PHASES (0.6,0.95,1.3,0.8), SOAK_ACCEL_FROM, SOAK_WARM (256x256),
+# SOAK_TARGET (10000), SOAK_SIZES (256), SOAK_STEPS (2-8), SOAK_PHASES (0.95,1.3,0.8x2: FxW = W times as long), SOAK_ACCEL_FROM, SOAK_WARM (256x256),
 # SOAK_DEPLOYMENT (perf/deployments/pixart-sigma-soak-h200.toml), SOAK_ARGS (extra soak.py args),
 # CONTROL_RATE (0.6 req/s), CONTROL_N (24), CONTROL_ARGS (extra args),
 # SCHED_MODES, SCHED_CAPACITY, SCHED_RATE (1.0 req/s), SCHED_N (40), SCHED_SIZES, SCHED_STEPS, SCHED_GUIDANCE,
@@ -349,9 +355,12 @@ accel_row() {
     [[ -n "${ACCEL_RESTART:-}" ]] && common+=(--restart)
     case "$1" in
         pixart512)  model_ready || stage_build || return $?
+                    # capacity 16 (run 4 had 8): at 8 the dit was full only part of the time, the other
+                    # requests being in T5 or decode, and served throughput stopped at 0.99x raw B=16
+                    local cap=${ACCEL_512_CAPACITY:-16}
                     "$PY" perf/accel_bench.py --deployment "$DEPLOYMENT" --name pixart512 --size 512x512 --steps 20 \
-                        --capacity 8 --raw-batches 8,16 --concurrency 16 --per-client 3 "${common[@]}" \
-                        ${ACCEL_512_BUCKETS:-row_buckets=2,8,16} ;;
+                        --capacity "$cap" --raw-batches 8,16,32 --concurrency $(( 2 * cap )) --per-client 2 "${common[@]}" \
+                        ${ACCEL_512_BUCKETS:-row_buckets=2,8,16,32} ;;
         pixart1024) model_ready || stage_build || return $?
                     "$PY" perf/accel_bench.py --deployment "$DEPLOYMENT" --name pixart1024 --size 1024x1024 --steps 20 \
                         --capacity 4 --raw-batches 4 --raw-runs 3 --solo 4 --concurrency 4 --per-client 2 \
@@ -365,9 +374,37 @@ accel_row() {
 }
 
 stage_cache() {
-    "$PY" perf/cache_frontier.py --deployment "$DEPLOYMENT" --steps "$STEPS" --prompts "${CACHE_PROMPTS:-16}" \
-        --batch "${CACHE_BATCH:-8}" --threads 16 --extra ${CACHE_TIERS:-t05=0.05 t10=0.1 t20=0.2} \
-        --out "$OUT/cache_frontier.json"
+    local rc=0
+    if [[ "${CACHE_FRONTIER:-1}" != 0 ]]; then
+        model_ready || stage_build || return $?
+        "$PY" perf/cache_frontier.py --deployment "$DEPLOYMENT" --steps "$STEPS" --prompts "${CACHE_PROMPTS:-16}" \
+            --batch "${CACHE_BATCH:-8}" --threads 16 --extra ${CACHE_TIERS:-t05=0.05 t10=0.1 t20=0.2} \
+            --out "$OUT/cache_frontier.json" || rc=$?
+    fi
+    [[ -z "${CACHE_SERVED:-}" ]] || run_rows cache cache_row "$CACHE_SERVED" || rc=$?
+    return $rc
+}
+
+# Issue 20's served rows (perf/accel_bench.py --tiers): lossless, then each lossy tier of
+# CACHE_SERVED_TIERS (default fast=0.07, the trained tiny model's calibration, plus t10=0.1 t20=0.2
+# for the speed against steps reused) on one server with the GPU configs' [accel] (lossless rows run
+# the CUDA graphs, lossy rows the eager cached forward), solo and a closed loop at capacity.
+cache_row() {
+    local tiers=(${CACHE_SERVED_TIERS:-fast=0.07 t10=0.1 t20=0.2}) names
+    names=$(printf ',%s' "${tiers[@]%%=*}")
+    local common=(--out "$WORK/cache" --tiers "lossless$names" --cache-tiers "${tiers[@]}"
+                  --accel ${ACCEL_SETTINGS:-transformer=cuda_graphs vae_decode=compile text_encoder=compile})
+    case "$1" in
+        pixart1024) model_ready || stage_build || return $?
+                    "$PY" perf/accel_bench.py --deployment "$DEPLOYMENT" --name cache-pixart1024 --size "${SIZE}x${SIZE}" \
+                        --steps 20 --capacity 8 --raw-batches 4,8 --raw-runs 3 --solo 3 --concurrency 8 --per-client 2 \
+                        "${common[@]}" ;;
+        wan)        build_wan_t2v || return $?
+                    "$PY" perf/accel_bench.py --deployment configs/wan2.1-t2v-1.3b-random.toml --name cache-wan \
+                        --size 480x832 --frames 81 --steps 10 --guidance 5 --capacity 1 --raw-runs 2 --solo 2 \
+                        "${common[@]}" ;;
+        *) echo "unknown cache row: $1 (pixart1024|wan)"; return 2 ;;
+    esac
 }
 
 # The component probe (perf/accel_probe.py) on rows PROBE_ROWS: by default bf16 vs FP8
@@ -433,7 +470,7 @@ stage_soak() {
     [[ -n "${SOAK_ACCEL_FROM:-}" ]] && accel=(--accel-from "$SOAK_ACCEL_FROM" --warm-sizes "${SOAK_WARM:-256x256}")
     "$PY" perf/soak.py --deployment "${SOAK_DEPLOYMENT:-perf/deployments/pixart-sigma-soak-h200.toml}" "${accel[@]}" \
         --sizes "${SOAK_SIZES:-256}" --steps "${SOAK_STEPS:-2-8}" --guidance 1.0,4.5 \
-        --phases "${SOAK_PHASES:-0.6,0.95,1.3,0.8}" --slope-phases 1 --target-requests "${SOAK_TARGET:-10000}" \
+        --phases "${SOAK_PHASES:-0.95,1.3,0.8x2}" --slope-phases 1 --target-requests "${SOAK_TARGET:-10000}" \
         --budget-seconds "$(( $(remaining) - 10 ))" --saturation-seconds 15 --sample-interval 3 \
         --request-timeout 120 --out "$soak" ${SOAK_ARGS:-}
     local rc=$?
@@ -631,10 +668,10 @@ main() {
         esac
     done
     mkdir -p "$WORK"
-    export REPO_ROOT PY OUT DEADLINE_S DEPLOYMENT MODEL_DIR DEVICE SIZE STEPS WORK START_EPOCH ACCEL_ROWS="${ACCEL_ROWS:-pixart512,pixart1024}" ACCEL_SETTINGS \
+    export REPO_ROOT PY OUT DEADLINE_S DEPLOYMENT MODEL_DIR DEVICE SIZE STEPS WORK START_EPOCH ACCEL_ROWS="${ACCEL_ROWS:-pixart512,pixart1024}" ACCEL_SETTINGS CACHE_SERVED CACHE_SERVED_TIERS CACHE_FRONTIER \
         FAMILY_ROWS="${FAMILY_ROWS:-flux,sd3}"
     export -f log remaining model_ready stage_env stage_build stage_baseline stage_smoke stage_control stage_scheduler collect_control \
-        stage_matrix build_wan_t2v stage_sweeps stage_soak stage_video stage_i2v accel_row stage_accel family_row stage_family run_rows stage_probe stage_cache
+        stage_matrix build_wan_t2v stage_sweeps stage_soak stage_video stage_i2v accel_row stage_accel family_row stage_family run_rows stage_probe stage_cache cache_row
     log "stages: ${expanded[*]} (deadline ${DEADLINE_S}s)"
     for s in "${expanded[@]}"; do
         case "$s" in
@@ -651,7 +688,7 @@ main() {
             i2v) run_timed i2v 300 stage_i2v ;;
             accel) run_timed accel 200 stage_accel ;;
             probe) ensure_model probe && run_timed probe 150 stage_probe ;;
-            cache) ensure_model cache && run_timed cache 240 stage_cache ;;
+            cache) run_timed cache 240 stage_cache ;;
             family) run_timed family 300 stage_family ;;
         esac
     done

@@ -18,7 +18,8 @@ One run:
     (default 2 x capacity, so the engine never waits for work) streamed requests, each client
     sending its next request when the last one ended, for --saturation-seconds:
     R = completed / (last end - first send);
- 4. one phase per fraction F of --phases: Poisson arrivals at F x R for --phase-seconds
+ 4. one phase per fraction F of --phases: Poisson arrivals at F x R for --phase-seconds (W times
+    that for an item written FxW, e.g. 0.8x2: a longer steady last phase for the slope fit)
     (perf/loadgen.py, one gRPC stream per request), then a drain until the server has
     counted every request and its state table is empty. Of each phase's requests
     --cancel-rate are cancelled by the client mid-generation, --bad-rate are bad inputs (half
@@ -398,10 +399,10 @@ class Soak:
         a = self.args
         if not a.target_requests:
             return a.phase_seconds
-        seconds = a.target_requests / (rps * sum(a.fractions))
+        seconds = a.target_requests / (rps * sum(f * w for f, w in zip(a.fractions, a.weights)))
         if a.budget_seconds:
             left = a.budget_seconds - (time.monotonic() - a.t_wall) - a.reserve_seconds
-            seconds = min(seconds, left / len(a.fractions))
+            seconds = min(seconds, left / sum(a.weights))
         return max(5.0, seconds)
 
     def run(self) -> None:
@@ -410,10 +411,12 @@ class Soak:
         self._log(f"saturation {rps:.3f} req/s ({self.saturation['source']})")
         seconds = self.phase_seconds(rps)
         self.saturation["phase_seconds"] = round(seconds, 1)
-        self._log(f"phases of {seconds:.0f} s: about {rps * seconds * sum(self.args.fractions):.0f} requests")
-        for k, fraction in enumerate(self.args.fractions):
+        fractions, weights = self.args.fractions, self.args.weights
+        self._log(f"phases of {seconds:.0f} s (x their weight): about "
+                  f"{rps * seconds * sum(f * w for f, w in zip(fractions, weights)):.0f} requests")
+        for k, (fraction, weight) in enumerate(zip(fractions, weights)):
             rate = fraction * rps
-            entries = self.workload.phase(rate, seconds, seed=self.args.seed * 1000 + k)
+            entries = self.workload.phase(rate, seconds * weight, seed=self.args.seed * 1000 + k)
             self._log(f"phase {k + 1}: {fraction:g} x saturation, {len(entries)} requests at {rate:.3f} req/s")
             phase = self.run_phase(f"phase {k + 1} ({fraction:g}x)", entries, self._open_loop)
             phase.update(fraction=fraction, target_rps=round(rate, 4))
@@ -616,7 +619,7 @@ def write_report(soak: Soak | None, args, command: str, info: dict, deployment_t
     phase_s = (soak.saturation if soak else {}).get("phase_seconds", args.phase_seconds)
     workload = (f"Deployment `{args.deployment}` + the fault rules below; sizes `{args.sizes}`, steps `{args.steps}`, "
                 f"guidance `{args.guidance}`; phases {args.phases} x saturation, {phase_s:g} s of Poisson "
-                f"arrivals each, then a drain. Requests of the fraction phases by kind: {dict(sorted(kinds.items()))}. "
+                f"arrivals each (times W for a phase written FxW), then a drain. Requests of the fraction phases by kind: {dict(sorted(kinds.items()))}. "
                 f"Shares: cancel {args.cancel_rate}, bad {args.bad_rate} (half unary: must be `INVALID_ARGUMENT` naming "
                 f"the input; half streamed: must name the input), fault {args.fault_rate}; of "
                 f"the other requests {args.unary_share:.0%} unary (`{soak.task if soak else 'txt2img'}`), "
@@ -749,7 +752,8 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--saturation-concurrency", type=int, default=None,
                       help="clients of the burst (default 2 x the deployment's [engine] capacity)")
     load.add_argument("--phases", default="0.5,0.9,1.3", help="fractions of saturation, one Poisson phase each "
-                                                             "(default 0.5,0.9,1.3)")
+                                                             "(default 0.5,0.9,1.3); FxW makes that phase W times "
+                                                             "--phase-seconds long (0.6,1.3,0.8x2)")
     load.add_argument("--phase-seconds", type=float, default=120.0, help="arrivals per phase, s (default 120)")
     load.add_argument("--sizes", default=None, help="'64,96' square or 'HxW,...' (default: the deployment's [defaults])")
     load.add_argument("--steps", default=None, help="'10,20' or '2-12' (default: the deployment's [defaults])")
@@ -798,13 +802,33 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def parse_phases(text: str) -> tuple[list[float], list[float]]:
+    """`0.6,1.3,0.8x2` -> fractions [0.6, 1.3, 0.8] and length weights [1, 1, 2]."""
+    fractions, weights = [], []
+    for item in (i.strip() for i in text.split(",")):
+        if not item:
+            continue
+        fraction, _, weight = item.partition("x")
+        try:
+            fractions.append(float(fraction))
+            weights.append(float(weight) if weight else 1.0)
+        except ValueError:
+            raise SystemExit(f"--phases item {item!r}: expected a fraction of saturation, optionally xWEIGHT "
+                             "(e.g. 0.8 or 0.8x2)") from None
+        if fractions[-1] <= 0 or weights[-1] <= 0:
+            raise SystemExit(f"--phases item {item!r}: fraction and weight must be > 0")
+    if not fractions:
+        raise SystemExit(f"--phases {text!r}: name at least one fraction")
+    return fractions, weights
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     command = " ".join(shlex.quote(a) for a in ["python", "perf/soak.py", *argv])
     base = Path(args.deployment)
     base = base if base.is_absolute() or base.exists() else ROOT / base
-    args.fractions = [float(f) for f in args.phases.split(",") if f.strip()]
+    args.fractions, args.weights = parse_phases(args.phases)
     if args.bad_rate + args.fault_rate + args.cancel_rate >= 1:
         raise SystemExit("--bad-rate + --fault-rate + --cancel-rate must stay below 1")
     if args.shm_share + args.unary_share > 1:

@@ -20,6 +20,7 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
+import pytest
 import tritonclient.grpc as grpcclient
 
 from ditserve.client import GenerationRequest
@@ -223,3 +224,14 @@ def test_soak_every_request_ends_once_and_nothing_leaks(server):
     assert delta["fds"] <= 20, f"open fds grew by {delta['fds']}"
     assert delta["shm_mb"] <= 64, f"/dev/shm grew by {delta['shm_mb']:.1f} MB"
     assert delta["rss_mb"] <= 500, f"RSS grew by {delta['rss_mb']:.0f} MB"
+
+
+def test_soak_phases_take_length_weights():
+    """perf/soak.py --phases: `FxW` makes a phase W times as long (a longer steady last phase for
+    the slope fit); plain fractions keep weight 1; a zero or unreadable item is refused by name."""
+    import soak   # perf/soak.py (perf/ is on the path above)
+    assert soak.parse_phases("0.6,0.95,1.3,0.8x2") == ([0.6, 0.95, 1.3, 0.8], [1.0, 1.0, 1.0, 2.0])
+    assert soak.parse_phases("0.5, 0.9,") == ([0.5, 0.9], [1.0, 1.0])
+    for bad, words in (("0.8xx", "'0.8xx'"), ("0.8x0", "must be > 0"), ("", "at least one")):
+        with pytest.raises(SystemExit, match=words):
+            soak.parse_phases(bad)
