@@ -5,7 +5,8 @@ tritonserver, so a directory named for that parent is private to the server. One
 generation, named by its id (the `dit` request id); entries whose generation never came
 back are collected by age. Users: cancellation flags (cancellation.py) and the conditioning
 handoff (handoff.py). A server's folder goes when its dit unloads; the folders of servers that
-were killed instead are swept when the next server's dit loads (sweep_dead_servers).
+were killed instead are swept when the next server's dit loads (sweep_dead_servers), and so
+are the /dev/shm regions Triton's stubs of such servers left (sweep_orphan_shm_regions).
 """
 from __future__ import annotations
 
@@ -39,6 +40,83 @@ def sweep_dead_servers(base: Path) -> list[Path]:
             shutil.rmtree(folder, ignore_errors=True)
             swept.append(folder)
     return swept
+
+
+# Triton's Python-based backends keep each stub's tensors in /dev/shm/<prefix><uuid>
+# (python_backend's default prefix `triton_<backend>_backend_shm_region_`). The server unlinks a
+# region when its stub ends normally; a killed server (SIGKILL, the OOM killer, a pod's grace period
+# running out) leaves its regions behind, 1 MiB or more each, in tmpfs, i.e. memory. In a pod the
+# /dev/shm emptyDir outlives container restarts (deploy/k8s/deployment.yaml), so they pile up.
+TRITON_SHM_REGION = re.compile(r"^triton_\w+_backend_shm_region_")
+
+
+def sweep_orphan_shm_regions(shm_dir: Path = Path("/dev/shm"), min_age_s: float = 60.0) -> list[Path]:
+    """Remove Triton stub regions in `shm_dir` that no running process maps, and say which.
+
+    Only files of this user that are older than `min_age_s` are candidates (a starting server
+    creates, sizes and maps a region within one call; the age covers any gap). A region is kept
+    whenever some process of this user might map it: if any such process's memory map cannot be
+    read, nothing is swept. Not Linux (no /proc): nothing is swept."""
+    uid, now = os.geteuid(), time.time()
+    candidates = []
+    for path in shm_dir.iterdir() if shm_dir.is_dir() else ():
+        try:
+            stat = path.stat()
+        except FileNotFoundError:
+            continue
+        if TRITON_SHM_REGION.match(path.name) and stat.st_uid == uid and now - stat.st_mtime > min_age_s:
+            candidates.append(path)
+    if not candidates:
+        return []
+    mapped = _mapped_files(uid)
+    if mapped is None:
+        return []
+    swept = []
+    for path in candidates:
+        if str(path) not in mapped:
+            path.unlink(missing_ok=True)
+            swept.append(path)
+    return swept
+
+
+def _mapped_files(uid: int) -> set[str] | None:
+    """Paths of the files that processes of `uid` (every process, for root) have mapped; None
+    when that cannot be known: no /proc, or a Triton process (server or stub) whose map cannot
+    be read. Other processes whose map is closed to us (an init outside our namespace) cannot
+    hold a stub's region and are passed over."""
+    if not Path("/proc/self/maps").exists():
+        return None
+    mapped: set[str] = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if uid != 0 and proc.stat().st_uid != uid:
+                continue
+            text = (proc / "maps").read_text()
+        except (FileNotFoundError, ProcessLookupError):
+            continue   # the process ended meanwhile
+        except OSError:
+            if _is_triton(proc):
+                return None
+            continue
+        for line in text.splitlines():
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6:
+                mapped.add(fields[5].removesuffix(" (deleted)"))
+    return mapped
+
+
+def _is_triton(proc: Path) -> bool:
+    """Whether /proc/<pid> is a tritonserver or a Python-backend stub; True when its command
+    line cannot be read either (then it may be one)."""
+    try:
+        command = (proc / "cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    except OSError:
+        return True
+    return b"tritonserver" in command or b"backend_stub" in command
 
 
 def _alive(pid: int) -> bool:

@@ -28,7 +28,7 @@ from ..faults import injector
 from ..handoff import ConditioningStore
 from ..schema import GenerationParams, check_params
 from ..scheduler import StepScheduler
-from ..scratch import sweep_dead_servers
+from ..scratch import sweep_dead_servers, sweep_orphan_shm_regions
 from ..state import TextConditioning
 from .common import (TensorSpec, declare, ended_if_cancelled, error_response, input_numpy, requested_outputs,
                      stage_deployment, stage_names, warm_up)
@@ -124,6 +124,9 @@ class DitStage:
             if swept := sweep_dead_servers(files.top.parent):
                 pb_utils.Logger.log_info(f"{args['model_name']}: removed {len(swept)} scratch folder(s) of servers "
                                          f"that are gone from {files.top.parent}")
+        if regions := sweep_orphan_shm_regions():
+            pb_utils.Logger.log_info(f"{args['model_name']}: removed {len(regions)} Triton stub region(s) from /dev/shm "
+                                     "that no process maps (left by servers that were killed)")
         self.metrics = DitMetrics(args["model_name"], uncounted=adapter.forward_calls)
 
     def _warm_request_path(self, adapter) -> None:
