@@ -66,18 +66,19 @@ def rss_kb(pid: int) -> int:
     return 0
 
 
-def process_name(pid: int) -> str:
-    """The model instance a stub serves (e.g. dit_0_0; argv[8] of the stub), or the executable's name."""
+def process_identity(pid: int) -> tuple[str, bool]:
+    """(name, whether it is a Python-backend stub) from one read of the command line. A stub's
+    name is the model instance it serves (e.g. dit_0_0; argv[8] of the stub), anything else's the
+    executable's. Stubs are counted apart: other descendants come and go on their own (inductor's
+    compile workers start with a compile and quit when idle)."""
     argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    if len(argv) > 8 and b"python_backend_stub" in argv[0]:
-        return argv[8].decode()
-    return Path(argv[0].decode()).name
+    stub = b"python_backend_stub" in argv[0]
+    return (argv[8].decode() if stub and len(argv) > 8 else Path(argv[0].decode()).name), stub
 
 
-def is_stub(pid: int) -> bool:
-    """Whether `pid` is a Python-backend stub (one per model instance). Other descendants come and
-    go on their own: inductor's compile workers, for one, start with a compile and quit when idle."""
-    return b"python_backend_stub" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+def process_name(pid: int) -> str:
+    """The model instance a stub serves, or the executable's name (process_identity)."""
+    return process_identity(pid)[0]
 
 
 def gpu_memory_mb() -> tuple[list[str], list[float]]:
@@ -110,8 +111,9 @@ def sample(server_pid: int, state_table: Callable[[], float] | None = None, gpu:
         try:
             kb = rss_kb(pid)
             rss += kb
-            by_process[process_name(pid)] = round(kb / 1024, 1)
-            stubs += is_stub(pid)
+            name, stub = process_identity(pid)
+            by_process[name] = round(kb / 1024, 1)
+            stubs += stub
             fds += len(os.listdir(f"/proc/{pid}/fd"))
             for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
                 if "/dev/shm/" in line:
