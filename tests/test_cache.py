@@ -141,18 +141,27 @@ FAST = GenerationRequest(PROMPT, seed=3, num_inference_steps=STEPS, quality="fas
 
 @pytest.fixture(scope="module")
 def fast_solo(shapes_server):
-    """A `fast` request served alone, and what ditserve_cache_hits_total moved by meanwhile."""
-    before = scrape(shapes_server.metrics_url).get(("ditserve_cache_hits_total", "dit"), 0.0)
+    """A `fast` request served alone, and what ditserve_cache_hits_total and
+    ditserve_eager_forwards_total moved by meanwhile."""
+    metrics = scrape(shapes_server.metrics_url)
+    before = {name: metrics.get((name, "dit"), 0.0) for name in ("ditserve_cache_hits_total",
+                                                                  "ditserve_eager_forwards_total")}
     with DitClient(shapes_server.grpc_url, "grpc") as client:
         result = client.generate(FAST)
-    after = wait_for_metric(shapes_server.metrics_url, "ditserve_cache_hits_total", "dit", before + result.cache_hits)
-    return result, after - before
+    hits = wait_for_metric(shapes_server.metrics_url, "ditserve_cache_hits_total", "dit",
+                           before["ditserve_cache_hits_total"] + result.cache_hits)
+    forwards = wait_for_metric(shapes_server.metrics_url, "ditserve_eager_forwards_total", "dit",
+                               before["ditserve_eager_forwards_total"] + STEPS)
+    return result, {"hits": hits - before["ditserve_cache_hits_total"],
+                    "forwards": forwards - before["ditserve_eager_forwards_total"]}
 
 
 def test_fast_request_reuses_steps_and_counts_them(fast_solo):
+    """Its hits are returned and counted; every one of its steps is one forward on the eager
+    cached path (the first block runs even when the others are reused), counted as such."""
     result, counted = fast_solo
     assert 0 < result.cache_hits < STEPS
-    assert counted == result.cache_hits
+    assert counted == {"hits": result.cache_hits, "forwards": STEPS}
 
 
 def test_cancelled_fast_request_leaves_no_cache_behind(shapes_server, fast_solo):

@@ -209,6 +209,11 @@ class TransformerRunner:
             buckets = ", ".join(f"{b} rows {s} s" for b, s in self.warm_seconds.items())
             report.variants.append(f"{variant} ({buckets})")
 
+    def count_eager(self) -> None:
+        """One forward that ran eager outside the runner: a batch holding a lossy quality tier
+        (the adapter's cached forward)."""
+        self._eager_calls += 1
+
     @property
     def calls(self) -> dict[str, int]:
         """Forwards run so far by path (warm-up excluded)."""

@@ -290,6 +290,7 @@ class FamilyAdapter(ABC):
         if any(cache is not None for cache in caches):   # a lossy tier in the batch: the eager cached path
             before = sum(cache.hits for cache in caches if cache is not None)
             out = self.cached_forward(*inputs, caches)
+            runner.count_eager()
             self.cache_hits += sum(cache.hits for cache in caches if cache is not None) - before
         else:
             out = runner(*inputs)

@@ -77,7 +77,8 @@ class DitMetrics:
         self.compiled = counter("ditserve_compiled_forwards_total",
                                 "Transformer forwards run compiled / graph-captured (warm shapes)", model)
         self.eager = counter("ditserve_eager_forwards_total",
-                             "Transformer forwards run eager ([accel] off, or a shape not warmed)", model)
+                             "Transformer forwards run eager ([accel] off, a shape not warmed, or a batch "
+                             "with a lossy quality tier)", model)
         self.cache_hits = counter("ditserve_cache_hits_total",
                                   "Denoise steps a request's cache tier reused instead of running the blocks "
                                   "after the first (input quality; 0 for lossless)", model)
