@@ -67,6 +67,32 @@ def test_cpu_forward_timer_feeds_the_model_once_resolved():
     assert 0 <= scheduler.model.estimate(GROUP, 3) < 1 and not scheduler.model.pending
 
 
+def test_measure_at_load_seeds_each_shape_for_every_size_up_to_capacity():
+    """`cost` times 1..capacity copies of each shape's state, keeps the fastest of the repeats,
+    and then needs no guess: with batching that gains nothing it steps one request from the first
+    round (unseeded, a size above the largest measured one looks free and gets tried)."""
+    @dataclass
+    class Shape:
+        compat_key: tuple
+    timed = []
+
+    def time_forward(states: list) -> float:   # 50 ms per request, the second repeat 10 ms slower
+        timed.append((states[0].compat_key, len(states)))
+        return 0.05 * len(states) + 0.01 * (timed.count(timed[-1]) - 1)
+
+    scheduler = StepScheduler("cost")
+    scheduler.measure(time_forward, [Shape(GROUP), Shape(("64x64", False))], capacity=3)
+    assert sorted(set(timed)) == sorted((key, n) for key in (GROUP, ("64x64", False)) for n in (1, 2, 3))
+    assert len(timed) == 12, "two repeats of each"
+    assert [scheduler.model.estimate(GROUP, n) for n in (1, 2, 3)] == pytest.approx([0.05, 0.1, 0.15])
+    assert scheduler.policy.choose(candidates([10, 10]), scheduler.model) == {"r0"}
+    unseeded = model_of({1: 0.05})
+    assert CostPolicy().choose(candidates([10, 10]), unseeded) == {"r0", "r1"}, "size 2 tried once, unseeded"
+    scheduler = StepScheduler("all")
+    scheduler.measure(time_forward, [Shape(GROUP)], capacity=3)
+    assert len(timed) == 12 and not scheduler.model.curves, "`all` measures nothing"
+
+
 def test_sum_of_completions_replays_the_group_slot_by_slot():
     flat = lambda n: 1.0  # noqa: E731  (a forward costs 1 s whatever its size)
     assert sum_of_completions([2, 4], 2, flat) == 2 + 4

@@ -205,6 +205,17 @@ class StepEngine:
             for (state, _), output_ok, latent_ok in zip(stepped, outputs_ok, latents_ok):
                 entries.append((state, (steps[state.key], batch), (output_ok, latent_ok)))
 
+    def time_forward(self, states: list[RequestState]) -> float:
+        """Seconds of one forward over `states` as a step runs it (injected faults included),
+        waited for; nothing is stepped. The `cost` scheduler measures its curve with it at load."""
+        device = states[0].latents.device
+        timer = ForwardTimer(device)
+        self.faults.at("denoise", [_subject(s) for s in states], self.adapter.denoise(states))
+        timer.stop()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return timer.seconds()
+
     def release(self, key: str) -> RequestState | None:
         """Drop a request's state; idempotent, so cancel, timeout and error may race."""
         return self.table.pop(key, None)

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -240,6 +241,19 @@ class StepScheduler:
         candidates = [Candidate(s.key, s.compat_key, s.total_steps - s.step_index, s.total_steps, now - s.admitted_at)
                       for s in states]
         return self.policy.choose(candidates, self.model)
+
+    def measure(self, time_forward: Callable[[list], float], states: list, capacity: int, repeats: int = 2) -> None:
+        """Seed the cost curve at load: a forward of 1..`capacity` copies of each of `states`
+        (engine.RequestState, one per shape), the fastest of `repeats`, timed while nothing else
+        runs. Forwards timed under load are only ever lengthened by the other stages' GPU work,
+        so the live timings then refine an uncontended curve instead of setting it, and no size
+        is guessed before it is tried."""
+        if self.kind != "cost":
+            return
+        for state in states:
+            for size in range(1, capacity + 1):
+                seconds = min(time_forward([state] * size) for _ in range(repeats))
+                self.model.observe(state.compat_key, size, seconds)
 
     def observe(self, timings: list[tuple[tuple, int, ForwardTimer]]) -> None:
         """The forwards a step ran: (compatibility key, requests, timer)."""

@@ -162,10 +162,10 @@ class FamilyAdapter(ABC):
         return self.deployment.model.max_sequence_length
 
     def example_conditioning(self, params: GenerationParams) -> TextConditioning:
-        """Zero conditioning shaped as a real request's (no CFG): what warming needs."""
-        length = self.text_sequence_length
-        return TextConditioning(torch.zeros(1, length, self.text_embed_dim, dtype=self.dtype),
-                                torch.ones(1, length, dtype=torch.int64))
+        """Zero conditioning shaped as a real request's (two text rows with CFG): what warming needs."""
+        length, rows = self.text_sequence_length, 1 + params.do_cfg
+        return TextConditioning(torch.zeros(rows, length, self.text_embed_dim, dtype=self.dtype),
+                                torch.ones(rows, length, dtype=torch.int64))
 
     # ---- family-specific -------------------------------------------------------------
     @abstractmethod

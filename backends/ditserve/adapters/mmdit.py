@@ -44,9 +44,10 @@ class MMDiTAdapter(SizeShiftedSchedule, AutoencoderKLAdapter):
         return self.pipe.transformer.config.joint_attention_dim
 
     def example_conditioning(self, params: GenerationParams) -> TextConditioning:
-        """The text's zeros plus a zero pooled vector (what warming needs)."""
+        """The text's zeros plus a zero pooled vector per text row (what warming needs)."""
         cond = super().example_conditioning(params)
-        cond.extra = {POOLED: torch.zeros(1, self.pipe.transformer.config.pooled_projection_dim, dtype=self.dtype)}
+        cond.extra = {POOLED: torch.zeros(cond.embeds.shape[0], self.pipe.transformer.config.pooled_projection_dim,
+                                          dtype=self.dtype)}
         return cond
 
     def prepare(self, key: str, params: GenerationParams, cond: TextConditioning) -> RequestState:

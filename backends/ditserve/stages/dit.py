@@ -34,7 +34,7 @@ from .common import (TensorSpec, declare, ended_if_cancelled, error_response, in
                      stage_deployment, stage_names, warm_up)
 from .metrics import DitMetrics
 from .torch_io import to_pb, to_torch
-from .warm_path import warm_request_path, warm_requests
+from .warm_path import cost_curve_requests, warm_request_path, warm_requests
 
 # The public models hand `embeds` and `mask` (and a task's conditioning) over out of band
 # (handoff.py) so they do not travel again at every step; a direct client sends them here.
@@ -117,6 +117,8 @@ class DitStage:
         self.scheduler = StepScheduler(engine.scheduler, engine.throughput_floor, engine.cost_ewma, engine.max_slowdown)
         self.accel_metrics = warm_up(adapter, args["model_name"])
         warm_request_path(args["model_name"], lambda: self._warm_request_path(adapter))
+        if engine.scheduler == "cost":
+            self._measure_cost_curve(args["model_name"], adapter)
         pipeline = stage_names(model_config).pipeline
         self.cancels = CancelRegistry(pipeline=pipeline)
         self.handoff = ConditioningStore(pipeline=pipeline)
@@ -140,6 +142,22 @@ class DitStage:
             engine.release(state.key)
             pb_utils.InferenceResponse([_progress(state.total_steps, state.total_steps),
                                         to_pb("latents", state.latents.float().cpu())])
+
+    def _measure_cost_curve(self, model_name: str, adapter) -> None:
+        """The `cost` scheduler's curve, timed before READY (StepScheduler.measure). A failure
+        (an injected fault, say) leaves it to be learned from the served steps, as before."""
+        start = time.monotonic()
+        try:
+            states = [adapter.prepare("cost-curve", params, adapter.example_conditioning(params))
+                      for params in cost_curve_requests(adapter)]
+            self.scheduler.measure(self.engine.time_forward, states, self.deployment.engine.capacity)
+        except Exception as exc:  # the curve is an optimisation: serve without it
+            pb_utils.Logger.log_warn(f"{model_name}: step scheduler cost curve not measured at load ({type(exc).__name__}: "
+                                     f"{exc}); it is learned from the served steps instead")
+            return
+        pb_utils.Logger.log_info(f"{model_name}: step scheduler cost curve measured at load in "
+                                 f"{time.monotonic() - start:.1f} s (ms per forward of N requests): "
+                                 f"{self.scheduler.model.describe()}")
 
     def execute(self, requests):
         active = [(request_key(r), r) for r in requests]

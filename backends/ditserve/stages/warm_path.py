@@ -9,7 +9,8 @@ first launch loads it lazily). Each stage therefore runs its own request path on
   text_encoder  Triton's `model_warmup` (model_repository/text_encoder/config.pbtxt): two
                 requests of empty texts through the real execute, stub IPC and shared memory
   dit           a 2-step generation per [accel] warm size (else of the default size) through a
-                private StepEngine
+                private StepEngine; with `[engine] scheduler = "cost"`, forwards of 1..capacity
+                requests of those sizes (with and without CFG) time its cost curve
   vae_decode    a decode per warm size (else of the default size) through the stage's batch path
   generate      the hand-off store, BLS request objects and the final response
 
@@ -21,6 +22,7 @@ the first request still pays and where.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Callable
 
 import triton_python_backend_utils as pb_utils
@@ -44,6 +46,18 @@ def warm_requests(adapter) -> list[GenerationParams]:
     """One made-up request per [accel] warm size (the shapes compiled and captured at load: the
     served path of those runs the graphs), else one of the default size."""
     return adapter.warm_params() or [warm_request(adapter.deployment)]
+
+
+def cost_curve_requests(adapter) -> list[GenerationParams]:
+    """The shapes whose step-batch cost the `cost` scheduler measures at load: each warm request,
+    and its CFG variant where the deployment guides by default (twice the rows, another compat key)."""
+    out = []
+    for params in warm_requests(adapter):
+        out.append(params)
+        guided = replace(params, guidance_scale=adapter.deployment.defaults.guidance_scale)
+        if guided.do_cfg:
+            out.append(guided)
+    return out
 
 
 def warm_request_path(model_name: str, run: Callable[[], None]) -> None:
