@@ -138,9 +138,12 @@ def run_mode(mode: str, args, traces: dict[str, list[dict]], source: str, work: 
     harmless = re.compile(r"CudaDriverHelper|NVML|DCGM|pinned memory|Exit timeout expired")
     problems = [ln for ln in log if (re.match(r"^E\d{4} ", ln) or "Traceback" in ln) and not harmless.search(ln)]
     curves = [ln.split("scheduler cost curves", 1)[1].strip(" :\"") for ln in log if "scheduler cost curves" in ln]
-    for report in reports.values():   # the cost curves dit learned (logged as it unloads; `cost` only)
+    at_load = [ln.split("cost curve measured at load", 1)[1].strip(" :\"") for ln in log
+               if "cost curve measured at load" in ln]
+    for report in reports.values():   # the cost curves dit measured at load and learned (logged as it unloads; `cost` only)
         report.update(server_stop_s=round(stop_s, 1), server_log_errors=problems[:20],
-                      scheduler_cost_curves=curves[-1] if curves else None)
+                      scheduler_cost_curves=curves[-1] if curves else None,
+                      scheduler_cost_curves_at_load=at_load[-1] if at_load else None)
     if curves:
         print(f"[matched_control] {mode}: learned {curves[-1]}", file=sys.stderr, flush=True)
 
