@@ -10,6 +10,9 @@ policy is the same module loaded from a git revision, `--old-ref`):
   step:all       every ready request steps every execute (processor sharing across groups)
   step:cost-old  `cost` as of --old-ref: k chosen within each group, every group steps
   step:cost      `cost` of this checkout: it also chooses which groups step
+  step:cost@load the same with its cost curve measured at load (--measure-at-load SIZES: forwards
+                 of 1..capacity requests of those sizes' shapes, uncontended, i.e. without
+                 --slowdown and noise), as dit does for its [accel] warm sizes
 
 Model of the server (assumptions; the numbers come from the control JSON):
 - A shape (size, CFG on/off) costs `fixed + steps x step` alone, fitted from the measured solo
@@ -232,6 +235,15 @@ class EarlierScheduler:
         return getattr(self.scheduler, name)
 
 
+def measure_at_load(scheduler, sim: Sim, entries: list[dict], sizes: set[str]) -> None:
+    """What dit does before READY (StepScheduler.measure): time 1..capacity requests of each shape
+    of `sizes` in the trace while nothing else runs, so without the load's slowdown or noise."""
+    shapes = sorted({shape_of(e) for e in entries if f"{e['height']}x{e['width']}" in sizes},
+                    key=lambda s: (s.height, s.width, s.cfg))
+    scheduler.measure(lambda states: sim.forward_s(states[0].shape, len(states)) / sim.slowdown,
+                      [SimRequest("measure", 0.0, shape, 1, 0.0) for shape in shapes], sim.capacity)
+
+
 def make_scheduler(policy: str, old_module, max_slowdown: float):
     if policy in ("request_batch", "step:all"):
         return current_scheduler.StepScheduler("all")
@@ -250,12 +262,16 @@ def stats(done: list[SimRequest], forwards: list[int]) -> dict:
             "mean_step_batch_size": float(np.mean(forwards)), "forwards": len(forwards)}
 
 
-def simulate(entries: list[dict], sim_args: dict, old_module, max_slowdown: float) -> dict:
-    """Every policy on `entries`, each after a solo pass over the trace's shapes (as the control's)."""
+def simulate(entries: list[dict], sim_args: dict, old_module, max_slowdown: float,
+             measured_sizes: set[str] | None = None) -> dict:
+    """Every policy on `entries`, each after a solo pass over the trace's shapes (as the control's);
+    with `measured_sizes`, also step:cost with its curve measured at load for those sizes."""
     results = {}
     solo_entries = {(shape_of(e), e["num_inference_steps"]): e for e in entries}
-    for policy in POLICIES:
+    for policy in POLICIES + ("step:cost@load",) * bool(measured_sizes):
         sim, scheduler = Sim(**sim_args), make_scheduler(policy, old_module, max_slowdown)
+        if policy == "step:cost@load":
+            measure_at_load(scheduler, sim, entries, measured_sizes)
         for entry in solo_entries.values():
             sim.run([{**entry, "t": 0.0}], scheduler, policy == "request_batch")
         sim.forwards = []
@@ -313,6 +329,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="also a Poisson trace, e.g. 512-only:512:0.8 (load = fraction of one-at-a-time saturation)")
     p.add_argument("--n", type=int, default=400, help="requests per synthetic trace")
     p.add_argument("--seed", type=int, default=22)
+    p.add_argument("--measure-at-load", default="", metavar="SIZES",
+                   help="also simulate step:cost with its curve measured at load for these sizes ('1024x1024,...'; "
+                        "'all' = every size of the trace)")
     p.add_argument("--out", default=None, help="write OUT.md and OUT.json")
     args = p.parse_args(argv)
     paths = args.control or CONTROLS
@@ -334,7 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     out = {"command": " ".join(shlex.quote(a) for a in ["python", "perf/sched_sim.py", *(argv or sys.argv[1:])]),
            "assumptions": {"slowdown": round(slowdown, 3), "batching": args.batching,
                            "overhead_ms": args.overhead_ms, "pre_ms": args.pre_ms, "capacity": args.capacity,
-                           "max_slowdown": args.max_slowdown, "old_ref": args.old_ref, "solo_mode": args.solo_mode},
+                           "max_slowdown": args.max_slowdown, "old_ref": args.old_ref, "solo_mode": args.solo_mode,
+                           "measure_at_load": args.measure_at_load or None},
            "costs_ms": {f"{s.height}x{s.width}-{'cfg' if s.cfg else 'nocfg'}":
                         {"step": round(c.step_s * 1000, 1), "fixed": round(c.fixed_s * 1000, 1)}
                         for s, c in sorted(costs.items(), key=lambda kv: (kv[0].height, kv[0].cfg))},
@@ -344,7 +364,9 @@ def main(argv: list[str] | None = None) -> int:
            "scenarios": []}
     for label, entries in scenarios:
         print(f"[sched_sim] {label}", file=sys.stderr, flush=True)
-        out["scenarios"].append({"label": label, "results": simulate(entries, sim_args, old, args.max_slowdown)})
+        sizes = ({f"{e['height']}x{e['width']}" for e in entries} if args.measure_at_load == "all"
+                 else set(filter(None, args.measure_at_load.split(","))))
+        out["scenarios"].append({"label": label, "results": simulate(entries, sim_args, old, args.max_slowdown, sizes)})
     text = render(out)
     print(text)
     if args.out:

@@ -93,6 +93,26 @@ def test_measure_at_load_seeds_each_shape_for_every_size_up_to_capacity():
     assert len(timed) == 12 and not scheduler.model.curves, "`all` measures nothing"
 
 
+def test_a_profiled_group_learns_one_level_for_every_size():
+    """Load lengthens all sizes alike: timings of size 1 alone raise size 2's estimate by the same
+    factor, so a size seldom run never looks cheaper than the profile says."""
+    model = CostModel()
+    for size, seconds in {1: 0.05, 2: 0.10, 4: 0.20}.items():
+        model.profile(GROUP, size, seconds)
+    for _ in range(200):
+        model.observe(GROUP, 1, 0.075)            # every live forward 1.5x its profile
+    assert model.estimate(GROUP, 1) == pytest.approx(0.075, rel=0.01)
+    assert model.estimate(GROUP, 2) / model.estimate(GROUP, 1) == pytest.approx(2.0)
+    assert model.estimate(GROUP, 3) / model.estimate(GROUP, 1) == pytest.approx(3.0), "between sizes: linear"
+    assert "x1.50" in model.describe()
+    rng = random.Random(0)
+    batched = 0
+    for round_ in range(300):                     # contention noise on the size run most: still one at a time
+        model.observe(GROUP, 1, 0.05 * math.exp(abs(rng.gauss(0, 0.4))))
+        batched += CostPolicy().choose(candidates([10, 10]), model) != {"r0"}
+    assert batched == 0
+
+
 def test_sum_of_completions_replays_the_group_slot_by_slot():
     flat = lambda n: 1.0  # noqa: E731  (a forward costs 1 s whatever its size)
     assert sum_of_completions([2, 4], 2, flat) == 2 + 4

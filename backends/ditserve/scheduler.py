@@ -70,28 +70,51 @@ class ForwardTimer:
 
 
 class CostModel:
-    """Forward seconds per (compatibility key, requests in the forward): a low quantile (about
-    the 10th percentile) of the observed forwards, tracked by an EWMA that follows a faster
-    forward with weight `ewma` and a slower one with a tenth of it. The stages share the GPU as
-    separate processes, so their kernels lengthen a forward's timed span at random and only
-    ever lengthen it: a mean lets that noise decide which batch size looks cheap (simulated in
-    perf/sched_sim.py --timing-noise; on the H200 at 1024px `cost` batched requests that cost
-    no less together, 2026-12-02). Unobserved sizes are estimated optimistically, so that they
-    get tried once: between two observed sizes linearly; above the largest as free (same cost);
+    """Forward seconds per (compatibility key, requests in the forward).
+
+    Observed forwards are folded into a low quantile (about the 10th percentile), tracked by an
+    EWMA that follows a faster forward with weight `ewma` and a slower one with a tenth of it.
+    The stages share the GPU as separate processes, so their kernels lengthen a forward's timed
+    span at random and only ever lengthen it: a mean lets that noise decide which batch size
+    looks cheap (simulated in perf/sched_sim.py --timing-noise; on the H200 at 1024px `cost`
+    batched requests that cost no less together, 2026-12-02).
+
+    A group profiled at load (`profile`: forwards of 1..capacity requests, timed while nothing
+    else ran) keeps that curve's shape and learns only its level: one factor per group, the
+    same low quantile of observed / profiled time over every size. Load stretches all sizes
+    alike; learning each size apart would leave the sizes seldom run at their uncontended
+    profile, cheaper than the sizes run often (perf/sched_sim.py --measure-at-load: that made
+    `cost` batch 1.29 requests per forward at 1024px, against 1.05 unprofiled).
+
+    Unobserved sizes of an unprofiled group are estimated optimistically, so that they get
+    tried once: between two observed sizes linearly; above the largest as free (same cost);
     below the smallest as proportional to the size (no batching gain)."""
 
     RISE = 0.1   # a slower forward moves the estimate by RISE x ewma of the difference
 
     def __init__(self, ewma: float = 0.3):
         self.ewma = ewma
-        self.curves: dict[tuple, dict[int, float]] = {}
+        self.curves: dict[tuple, dict[int, float]] = {}     # learned per size (unprofiled groups)
+        self.profiles: dict[tuple, dict[int, float]] = {}   # measured at load, uncontended
+        self.levels: dict[tuple, float] = {}                # profiled groups: observed / profiled
         self.pending: list[tuple[tuple, int, ForwardTimer]] = []
 
+    def _low_quantile(self, old: float | None, new: float) -> float:
+        weight = self.ewma if old is None or new < old else self.ewma * self.RISE
+        return new if old is None else old + weight * (new - old)
+
+    def profile(self, group: tuple, size: int, seconds: float) -> None:
+        """A forward of `size` requests of `group` timed at load, while nothing else ran."""
+        self.profiles.setdefault(group, {})[size] = seconds
+        self.levels.setdefault(group, 1.0)
+
     def observe(self, group: tuple, size: int, seconds: float) -> None:
+        if group in self.profiles:
+            profiled = _interpolate(self.profiles[group], size)
+            self.levels[group] = self._low_quantile(self.levels[group], seconds / profiled)
+            return
         curve = self.curves.setdefault(group, {})
-        old = curve.get(size)
-        weight = self.ewma if old is None or seconds < old else self.ewma * self.RISE
-        curve[size] = seconds if old is None else old + weight * (seconds - old)
+        curve[size] = self._low_quantile(curve.get(size), seconds)
 
     def add_timer(self, group: tuple, size: int, timer: ForwardTimer) -> None:
         self.pending.append((group, size, timer))
@@ -108,26 +131,37 @@ class CostModel:
         self.pending = waiting
 
     def describe(self) -> str:
-        """The learned curves in ms, one `group: {requests: ms}` per group (for the server log)."""
-        return "; ".join(f"{group}: {{{', '.join(f'{k}: {1000 * v:.1f}' for k, v in sorted(curve.items()))}}}"
-                         for group, curve in self.curves.items()) or "nothing measured"
+        """The curves in ms, one `group: {requests: ms}` per group, profiled ones at their learned
+        level (for the server log)."""
+        def ms(curve: dict[int, float], level: float = 1.0) -> str:
+            return "{" + ", ".join(f"{k}: {1000 * v * level:.1f}" for k, v in sorted(curve.items())) + "}"
+        parts = [f"{group}: {ms(curve, self.levels[group])} (profiled at load, x{self.levels[group]:.2f})"
+                 for group, curve in self.profiles.items()]
+        parts += [f"{group}: {ms(curve)}" for group, curve in self.curves.items()]
+        return "; ".join(parts) or "nothing measured"
 
     def estimate(self, group: tuple, size: int) -> float | None:
-        """Seconds of a forward of `size` requests of `group`; None before any observation."""
+        """Seconds of a forward of `size` requests of `group`; None before any measurement."""
+        if group in self.profiles:
+            return _interpolate(self.profiles[group], size) * self.levels[group]
         curve = self.curves.get(group)
-        if not curve:
-            return None
-        if size in curve:
-            return curve[size]
-        sizes = sorted(curve)
-        below = [s for s in sizes if s < size]
-        above = [s for s in sizes if s > size]
-        if not below:
-            return curve[above[0]] * size / above[0]
-        if not above:
-            return curve[below[-1]]
-        lo, hi = below[-1], above[0]
-        return curve[lo] + (curve[hi] - curve[lo]) * (size - lo) / (hi - lo)
+        return _interpolate(curve, size) if curve else None
+
+
+def _interpolate(curve: dict[int, float], size: int) -> float:
+    """`curve` at `size`: linear between two known sizes, the largest's value above them (tried as
+    free), proportional to the size below the smallest (no batching gain)."""
+    if size in curve:
+        return curve[size]
+    sizes = sorted(curve)
+    below = [s for s in sizes if s < size]
+    above = [s for s in sizes if s > size]
+    if not below:
+        return curve[above[0]] * size / above[0]
+    if not above:
+        return curve[below[-1]]
+    lo, hi = below[-1], above[0]
+    return curve[lo] + (curve[hi] - curve[lo]) * (size - lo) / (hi - lo)
 
 
 @dataclass
@@ -243,17 +277,16 @@ class StepScheduler:
         return self.policy.choose(candidates, self.model)
 
     def measure(self, time_forward: Callable[[list], float], states: list, capacity: int, repeats: int = 2) -> None:
-        """Seed the cost curve at load: a forward of 1..`capacity` copies of each of `states`
+        """Profile the cost curve at load: a forward of 1..`capacity` copies of each of `states`
         (engine.RequestState, one per shape), the fastest of `repeats`, timed while nothing else
-        runs. Forwards timed under load are only ever lengthened by the other stages' GPU work,
-        so the live timings then refine an uncontended curve instead of setting it, and no size
-        is guessed before it is tried."""
+        runs. Forwards timed under load are lengthened by the other stages' GPU work, all sizes
+        alike: the live timings then set the curve's level, not its shape (CostModel), and no
+        size is guessed before it is tried."""
         if self.kind != "cost":
             return
         for state in states:
             for size in range(1, capacity + 1):
-                seconds = min(time_forward([state] * size) for _ in range(repeats))
-                self.model.observe(state.compat_key, size, seconds)
+                self.model.profile(state.compat_key, size, min(time_forward([state] * size) for _ in range(repeats)))
 
     def observe(self, timings: list[tuple[tuple, int, ForwardTimer]]) -> None:
         """The forwards a step ran: (compatibility key, requests, timer)."""
