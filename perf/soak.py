@@ -12,7 +12,8 @@ One run:
  1. writes OUT/deployment.toml: the deployment plus a [faults] section (FAULTS below) whose
     rules fire only on prompts carrying their marker, renders a model repository for it
     (scripts/render_repository.py) and starts tritonserver on it (ditserve.launcher);
- 2. warm-up: two rounds of `capacity` concurrent requests; the second round's median
+ 2. warm-up: two rounds of `capacity` concurrent requests, streamed, unary and into shared
+    memory in turn (what the phases' clients use); the second round's median
     latency L sets the default cancel delay (uniform in 0.1 L .. 0.9 L after sending);
  3. saturation: --saturation-rps R, or measured by a closed loop of --saturation-concurrency
     (default 2 x capacity, so the engine never waits for work) streamed requests, each client
@@ -229,6 +230,18 @@ class Workload:
                                     guidance_scales=self.guidance, seed=seed)
         return [{**e, "kind": "ok"} for e in loadgen.make_trace(spec)]
 
+    def every_client(self, entries: list[dict]) -> list[dict]:
+        """`entries` sent by each kind of client in turn (stream, unary, unary into shared memory,
+        as far as the shares use them), so that a warm-up also warms the server's unary and
+        shared-memory paths: on the H200, tritonserver grew ~100 MB in the first seconds those
+        paths ran, inside the first load phase (perf/results/2026-12-02-h200-soak-run7-8.md)."""
+        clients = ["stream"] + ["unary"] * (self.args.unary_share > 0) + ["shm"] * (self.args.shm_share > 0)
+        for i, e in enumerate(entries):
+            client = clients[i % len(clients)]
+            e.update(client=client, **({"unary": True} if client != "stream" else {}),
+                     **({"shm": self.shm_kind} if client == "shm" else {}))
+        return entries
+
     def phase(self, rate: float, seconds: float, seed: int) -> list[dict]:
         """Poisson arrivals at `rate` for about `seconds`, each request marked with its kind.
 
@@ -355,10 +368,11 @@ class Soak:
     # -- the steps of a run
 
     def warm_up(self) -> None:
-        """Two rounds of `capacity` concurrent requests; the second sets the default cancel delay."""
+        """Two rounds of `capacity` concurrent requests, each kind of client in turn; the second
+        sets the default cancel delay."""
         cap = self.dep.engine.capacity
         for k in (1, 2):
-            entries = self.workload.plain(cap, 1.0, seed=-k)
+            entries = self.workload.every_client(self.workload.plain(cap, 1.0, seed=-k))
             phase = self.run_phase(f"warm-up {k}", [{**e, "t": 0.0} for e in entries], self._open_loop)
         if self.args.cancel_delay == "auto":
             latency_s = (phase["p50_e2el_ms"] or 1000.0) / 1000.0
