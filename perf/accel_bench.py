@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "backends"), str(ROOT / "perf")]
 
 from ditserve.client import DitClient, GenerationRequest  # noqa: E402
-from ditserve.deployment import LOSSLESS, load_deployment, write_variant  # noqa: E402
+from ditserve.deployment import LOSSLESS, load_deployment, parse_accel_overrides, write_variant  # noqa: E402
 from ditserve.launcher import ServerOptions, TritonServer, free_ports  # noqa: E402
 import loadgen  # noqa: E402
 
@@ -51,20 +51,6 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
     """PSNR in dB of two uint8 arrays (inf when equal)."""
     mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
     return math.inf if mse == 0 else 10 * math.log10(255.0 ** 2 / mse)
-
-
-LIST_KEYS = {"row_buckets": int, "warm_sizes": str}   # [accel] keys that hold lists: "row_buckets=2,8,16"
-
-
-def parse_accel(items: list[str]) -> dict:
-    out = {}
-    for item in items:
-        key, _, value = item.partition("=")
-        if key in LIST_KEYS:
-            out[key] = [LIST_KEYS[key](v) for v in value.split(",") if v]
-        else:
-            out[key] = {"true": True, "false": False}.get(value, value)
-    return out
 
 
 def parse_tiers(items: list[str]) -> dict:
@@ -191,7 +177,7 @@ def lossy_tier(url: str, args, tier: str, lossless: dict, lossless_media: np.nda
 
 def served(args, work: Path, report: dict) -> None:
     size = f"{args.frames}x" * bool(args.frames) + f"{args.height}x{args.width}"
-    accel = {"warm_sizes": [size], **parse_accel(args.accel)}
+    accel = {"warm_sizes": [size], **parse_accel_overrides(args.accel)}
     if args.restart:   # a compile cache of its own: cold for the first server, warm for the restart
         accel.setdefault("compile_cache", str(work / "inductor-cache"))
         shutil.rmtree(accel["compile_cache"], ignore_errors=True)

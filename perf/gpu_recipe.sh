@@ -28,7 +28,9 @@
 #             SCHED_CAPACITY (16) -> $OUT/control_* as the control stage (not in `all`; one call);
 #             with SCHED_LOADS (e.g. 0.5,0.8,0.95) a load ladder instead of SCHED_RATE: saturation
 #             measured on the first mode's server (SCHED_SAT_S, 30 s), one trace per fraction, one
-#             server per mode; e.g. SCHED_LOADS=0.5,0.8,0.95 SCHED_SIZES=1024 SCHED_STEPS=20 SCHED_GUIDANCE=4.5
+#             server per mode; e.g. SCHED_LOADS=0.5,0.8,0.95 SCHED_SIZES=1024 SCHED_STEPS=20 SCHED_GUIDANCE=4.5;
+#             SCHED_ACCEL="text_encoder=compile vae_decode=compile" serves both modes with those [accel] keys
+#             (eager otherwise; the compile cache in /tmp makes the second server's load warm)
 #   soak      issue 19: perf/soak.py on SOAK_DEPLOYMENT (default perf/deployments/pixart-sigma-soak-h200.toml:
 #             full-size PixArt, step + cost, capacity 16, CUDA graphs and compiled T5 / VAE decode warmed at
 #             256x256, compile cache in /tmp) with its own [accel] (SOAK_ACCEL_FROM=FILE takes FILE's, warmed
@@ -106,7 +108,7 @@
 # SOAK_DEPLOYMENT (perf/deployments/pixart-sigma-soak-h200.toml), SOAK_ARGS (extra soak.py args),
 # CONTROL_RATE (0.6 req/s), CONTROL_N (24), CONTROL_ARGS (extra args),
 # SCHED_MODES, SCHED_CAPACITY, SCHED_RATE (1.0 req/s), SCHED_N (40), SCHED_SIZES, SCHED_STEPS, SCHED_GUIDANCE,
-# SCHED_LOADS, SCHED_SAT_S (scheduler stage),
+# SCHED_LOADS, SCHED_SAT_S, SCHED_ACCEL (scheduler stage),
 # VIDEO_STEPS (2), VIDEO_REPS (3), VIDEO_TEXT_ENCODER_LAYERS (24 = real),
 # I2V_STEPS (2), I2V_REPS (1), I2V_TRANSPORTS (grpc,system), I2V_TEXT_ENCODER_LAYERS (24 = real),
 # I2V_TRANSFORMER_LAYERS (40 = real; fewer cut only the transformer's depth: per-step time
@@ -544,10 +546,11 @@ stage_scheduler() {
     local ctrl="$WORK/control"
     mkdir -p "$ctrl"
     local modes="${SCHED_MODES:-request_batch,step:cost}"
-    local load=(--rate "${SCHED_RATE:-1.0}")
+    local load=(--rate "${SCHED_RATE:-1.0}") accel=()
     [[ -n "${SCHED_LOADS:-}" ]] && load=(--load-fractions "$SCHED_LOADS" --saturation-seconds "${SCHED_SAT_S:-30}")
+    [[ -n "${SCHED_ACCEL:-}" ]] && accel=(--accel $SCHED_ACCEL)
     "$PY" perf/matched_control.py --deployment "$DEPLOYMENT" --modes "$modes" --compare "${modes##*,}" \
-        --capacity "${SCHED_CAPACITY:-16}" "${load[@]}" --num-requests "${SCHED_N:-40}" \
+        --capacity "${SCHED_CAPACITY:-16}" "${load[@]}" "${accel[@]}" --num-requests "${SCHED_N:-40}" \
         --sizes "${SCHED_SIZES:-512,768,1024}" --steps "${SCHED_STEPS:-4,30}" --guidance "${SCHED_GUIDANCE:-1.0,4.5}" \
         --seed 22 --server-timeout 300 --out-dir "$ctrl"
     local rc=$?

@@ -38,7 +38,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "backends"))
 
-from ditserve.deployment import ENGINE_MODES, SCHEDULERS, load_deployment, write_variant  # noqa: E402
+from ditserve.deployment import (ENGINE_MODES, SCHEDULERS, load_deployment, parse_accel_overrides,  # noqa: E402
+                                 write_variant)
 from ditserve.launcher import ServerOptions, TritonServer, free_ports  # noqa: E402
 from machine import fence, machine_info, machine_label, server_version  # noqa: E402
 
@@ -57,16 +58,17 @@ DEFAULT_TRACE = "perf/traces/tiny_mixed_v1.jsonl"
 
 # ---- deployments -------------------------------------------------------------------------
 
-def write_mode_deployment(base: Path, mode: str, capacity: int | None, out: Path) -> tuple[Path, int]:
-    """The base deployment with [engine] mode (and capacity) replaced; returns (path, capacity).
-    `mode` may name a step scheduler too: `step:cost` = mode "step", scheduler "cost"."""
+def write_mode_deployment(base: Path, mode: str, capacity: int | None, out: Path,
+                          accel: dict | None = None) -> tuple[Path, int]:
+    """The base deployment with [engine] mode (and capacity, and [accel] keys) replaced; returns
+    (path, capacity). `mode` may name a step scheduler too: `step:cost` = mode "step", scheduler "cost"."""
     mode, _, scheduler = mode.partition(":")
     if mode not in ENGINE_MODES or (scheduler and scheduler not in SCHEDULERS):
         raise SystemExit(f"unknown mode {mode!r}; choose from {ENGINE_MODES}, or step:<scheduler> with a "
                          f"scheduler of {SCHEDULERS}")
     cap = capacity if capacity is not None else load_deployment(base).engine.capacity
     engine = {"mode": mode, "capacity": 1 if mode == "serial" else cap, **({"scheduler": scheduler} if scheduler else {})}
-    variant = write_variant(base, out, engine, "perf/matched_control.py")
+    variant = write_variant(base, out, engine, "perf/matched_control.py", accel=accel)
     return out, variant.engine.capacity
 
 
@@ -89,7 +91,7 @@ def run_mode(mode: str, args, traces: dict[str, list[dict]], source: str, work: 
     the same traces)."""
     label = mode.replace(":", "-")   # step:cost -> step-cost in file names
     deployment, capacity = write_mode_deployment(Path(args.deployment).resolve(), mode, args.capacity,
-                                                 work / f"deployment-{label}.toml")
+                                                 work / f"deployment-{label}.toml", parse_accel_overrides(args.accel))
     repo = work / f"repository-{label}"
     render_repository(deployment, repo)
     http, grpc_port, metrics = free_ports(3)
@@ -415,6 +417,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare", default="step", help="the mode the verdict holds against request_batch "
                                                      "(default step; e.g. step:cost)")
     p.add_argument("--capacity", type=int, default=None, help="override [engine] capacity (default: the base's)")
+    p.add_argument("--accel", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="override [accel] keys for every mode, e.g. text_encoder=compile vae_decode=compile "
+                        "(lists: warm_sizes=1024x1024,512x512); default: the base's")
     src = p.add_argument_group("arrivals (default: --trace perf/traces/tiny_mixed_v1.jsonl)")
     src.add_argument("--trace")
     src.add_argument("--rate", type=float, help="draw a Poisson trace at this rate instead (seeded, see loadgen.py)")

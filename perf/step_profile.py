@@ -36,9 +36,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "backends"), str(ROOT / "perf")]
 
-from accel_bench import parse_accel  # noqa: E402
 from ditserve.adapters import adapter_for  # noqa: E402
-from ditserve.deployment import write_variant  # noqa: E402
+from ditserve.deployment import parse_accel_overrides, write_variant  # noqa: E402
 from ditserve.engine import StepEngine  # noqa: E402
 from ditserve.schema import GenerationParams  # noqa: E402
 from ditserve.state import TextConditioning  # noqa: E402
@@ -83,7 +82,7 @@ def main() -> int:
     height, width = (int(v) for v in args.size.split("x"))
     batches = [int(b) for b in args.batches.split(",")]
     out = Path(args.out)
-    accel = {"warm_sizes": [args.size], **parse_accel(args.accel)} if args.accel else {}
+    accel = {"warm_sizes": [args.size], **parse_accel_overrides(args.accel)} if args.accel else {}
     deployment = write_variant(Path(args.deployment), Path(tempfile.mkdtemp()) / "step_profile.toml",
                                {"mode": "step", "capacity": max(batches)}, "perf/step_profile.py", accel=accel)
     adapter = adapter_for(deployment.model.family)(deployment, "dit")

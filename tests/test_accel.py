@@ -15,7 +15,7 @@ import torch
 from conftest import ROOT, TINY_PIXART, diffusers_image, rendered_server, serve
 from ditserve.accel import TransformerRunner, _pad_rows
 from ditserve.client import DitClient, GenerationRequest
-from ditserve.deployment import AccelSection, load_deployment, write_variant
+from ditserve.deployment import AccelSection, load_deployment, parse_accel_overrides, write_variant
 from helpers import StreamCall, run_staggered, scrape, wait_for_metric
 from test_step_batching import assert_each_streamed_and_matches
 from test_txt2img import assert_matches
@@ -183,6 +183,16 @@ def test_bad_accel_values_fail_at_load_naming_key_and_allowed_values(tmp_path, a
     with pytest.raises(ValueError) as err:
         write_variant(BASE, tmp_path / "bad.toml", {}, "test", accel=accel)
     assert message in str(err.value)
+
+
+def test_command_line_accel_overrides_become_a_checked_section(tmp_path):
+    """The perf tools' `--accel KEY=VALUE ...`: lists and booleans typed, the rest checked by the load."""
+    accel = parse_accel_overrides(["transformer=compile", "row_buckets=2,8", "warm_sizes=64x64,96x64", "fp8=false"])
+    assert accel == {"transformer": "compile", "row_buckets": [2, 8], "warm_sizes": ["64x64", "96x64"], "fp8": False}
+    section = write_variant(BASE, tmp_path / "ok.toml", {}, "test", accel=accel).accel
+    assert (section.transformer, section.row_buckets, section.warm_sizes) == ("compile", (2, 8), ("64x64", "96x64"))
+    with pytest.raises(ValueError, match="allowed: eager, compile"):
+        write_variant(BASE, tmp_path / "bad.toml", {}, "test", accel=parse_accel_overrides(["text_encoder=graphs"]))
 
 
 def test_warm_size_outside_the_limits_fails_at_load(tmp_path):

@@ -253,6 +253,21 @@ class Deployment:
         return str(local) if local.exists() else self.model.path
 
 
+def parse_accel_overrides(items: list[str]) -> dict:
+    """`KEY=VALUE` strings, as the perf tools take them on the command line, as [accel] keys:
+    `row_buckets=2,8,16` and `warm_sizes=512x512,1024x1024` are lists, true / false booleans,
+    the rest strings (write_variant checks them all, as a load would)."""
+    lists = {"row_buckets": int, "warm_sizes": str}
+    out: dict = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        if key in lists:
+            out[key] = [lists[key](v) for v in value.split(",") if v]
+        else:
+            out[key] = {"true": True, "false": False}.get(value, value)
+    return out
+
+
 def _section(cls, data: dict, name: str):
     """A section's dataclass; TOML lists become tuples (the sections are frozen)."""
     known = {f.name for f in fields(cls)}
