@@ -476,7 +476,14 @@ def analyse(soak: Soak, problems: list[str]) -> dict:
     last = measured[-soak.args.slope_phases:] if measured else []
     fit = after_warmup(samples, last[0]["t_start"], last[-1]["t_end"], share) if last else []
     slopes = last_phase_slopes(fit)
+    server = {}   # where tritonserver's own RSS grows: warm-up, a backlog's high-water mark, or steadily
+    for p in soak.phases:
+        span = [x["by_process"]["tritonserver"] for x in samples
+                if p["t_start"] <= x["t"] <= p["t_end"] and "tritonserver" in x["by_process"]]
+        if span:
+            server[p["name"]] = {"first": span[0], "last": span[-1], "delta": round(span[-1] - span[0], 1)}
     return {"per_phase": per_phase, "overall": overall, "idle": idle, "rss_growth_by_process_mb": growth,
+            "tritonserver_rss_by_phase_mb": server,
             "not_ready_samples": len(not_ready), "stub_counts": counts,
             "last_phases": {"phases": [p["name"] for p in last], "samples": len(fit), "slopes_per_min": slopes}}
 
@@ -704,6 +711,9 @@ saturation burst (warm-up when saturation was given) on: the leak indicator leas
 
 RSS growth per process over the fraction phases after warm-up (MB):
 {json.dumps(analysis['rss_growth_by_process_mb']) if analysis else 'n/a'}
+
+tritonserver's RSS per phase (MB, first and last sample of the phase, its drain included):
+{json.dumps(analysis['tritonserver_rss_by_phase_mb']) if analysis else 'n/a'}
 
 Slopes per minute over the last phases ({', '.join((analysis or {}).get('last_phases', {}).get('phases', [])) or 'n/a'},
 after their first {args.warmup_share:.0%}), the pass criterion's fit (bound {args.max_slope:g}/min; plot: soak.png):
