@@ -38,8 +38,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "backends"))
 
-from ditserve.deployment import (ENGINE_MODES, SCHEDULERS, load_deployment, parse_accel_overrides,  # noqa: E402
-                                 write_variant)
+from ditserve.deployment import (ENGINE_MODES, SCHEDULERS, Defaults, load_deployment,  # noqa: E402
+                                 parse_accel_overrides, write_variant)
 from ditserve.launcher import ServerOptions, TritonServer, free_ports  # noqa: E402
 from machine import fence, machine_info, machine_label, server_version  # noqa: E402
 
@@ -72,6 +72,22 @@ def write_mode_deployment(base: Path, mode: str, capacity: int | None, out: Path
     return out, variant.engine.capacity
 
 
+def trace_sizes(entries: list[dict], defaults: Defaults, video: bool = False) -> list[str]:
+    """The distinct sizes the requests of `entries` run at, as [accel] warm_sizes entries: "HxW", or
+    "FxHxW" on a video deployment (traces name no frame count: its default). An entry without a
+    size runs at the deployment's default; one expecting an error (a bad request) is left out."""
+    sizes = {(e.get("height", defaults.height), e.get("width", defaults.width)) for e in entries
+             if not e.get("expect_error")}
+    return [f"{defaults.num_frames}x" * video + f"{h}x{w}" for h, w in sorted(sizes)]
+
+
+def variant_accel(overrides: dict, sizes: list[str]) -> dict:
+    """The [accel] keys every mode's variant replaces: `--accel`'s, plus warm_sizes = `sizes` (the
+    trace's) unless `--accel` names it. The cost scheduler profiles its curve at load for the warm
+    sizes only: an H200 run at 512 px profiled only the base's 1024x1024."""
+    return overrides if "warm_sizes" in overrides else {**overrides, "warm_sizes": sizes}
+
+
 def render_repository(deployment: Path, out: Path) -> None:
     subprocess.run([sys.executable, str(ROOT / "scripts" / "render_repository.py"), "--deployment", str(deployment),
                     "--out", str(out)], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
@@ -81,17 +97,18 @@ def render_repository(deployment: Path, out: Path) -> None:
 # ---- one mode ----------------------------------------------------------------------------
 
 def run_mode(mode: str, args, traces: dict[str, list[dict]], source: str, work: Path, reports: dict[str, dict],
-             saturation: dict | None = None) -> None:
-    """One server for `mode`; every trace of `traces` (name -> entries) replayed on it in order,
-    each loadgen report put in `reports` (name -> report) as soon as it is done, so that an
-    interrupt while the server stops keeps them (an H200 run lost a finished mode that way).
+             accel: dict, saturation: dict | None = None) -> None:
+    """One server for `mode` (the base deployment's [accel] keys replaced by `accel`); every trace
+    of `traces` (name -> entries) replayed on it in order, each loadgen report put in `reports`
+    (name -> report) as soon as it is done, so that an interrupt while the server stops keeps them
+    (an H200 run lost a finished mode that way).
 
     With `saturation` (a dict to fill, `--load-fractions`), the closed-loop saturation is measured
     on this server first and `traces` is filled from it (the first mode only; later modes replay
     the same traces)."""
     label = mode.replace(":", "-")   # step:cost -> step-cost in file names
     deployment, capacity = write_mode_deployment(Path(args.deployment).resolve(), mode, args.capacity,
-                                                 work / f"deployment-{label}.toml", parse_accel_overrides(args.accel))
+                                                 work / f"deployment-{label}.toml", accel)
     repo = work / f"repository-{label}"
     render_repository(deployment, repo)
     http, grpc_port, metrics = free_ports(3)
@@ -164,14 +181,35 @@ def measure_saturation(url: str, args, capacity: int) -> dict:
     t0 = time.perf_counter()
     records = asyncio.run(loadgen.closed_loop(url, entries, concurrency, args.saturation_seconds,
                                               args.request_timeout))
-    wall = time.perf_counter() - t0
-    done = sum(1 for r in records if r.outcome == "completed")
-    if not done:
+    estimate = closed_loop_throughput(records, concurrency, time.perf_counter() - t0)
+    if not estimate["completed"]:
         raise RuntimeError("saturation: the closed loop completed no request; see the server log")
-    rps = done / wall
-    print(f"[matched_control] saturation: {rps:.3f} req/s ({done} completed in {wall:.1f} s)", file=sys.stderr, flush=True)
-    return {"rps": round(rps, 4), "source": f"measured on the first mode's server: closed loop, {concurrency} "
-                                            f"clients for {args.saturation_seconds:g} s, {done} completed in {wall:.1f} s"}
+    print(f"[matched_control] saturation: {estimate['rps']:.3f} req/s ({estimate['source']})", file=sys.stderr,
+          flush=True)
+    return {**estimate, "source": f"measured on the first mode's server: closed loop, {concurrency} clients for "
+                                  f"{args.saturation_seconds:g} s; {estimate['source']}"}
+
+
+def closed_loop_throughput(records: list, concurrency: int, wall_s: float) -> dict:
+    """Completed requests/s of a closed loop of `concurrency` clients with no think time, by Little's
+    law: N x completed / the time the clients spent in requests (= N / mean response time when all
+    complete; a cancelled or failed request holds its client too). Not completed / `wall_s`, which is
+    kept beside it: the wall includes draining the requests in flight when the window ends (an H200
+    at 1024 px, 15-25 s a request in a 30 s window, measured 0.65 req/s that way where an earlier run
+    of the same setup had 0.96). With fewer completed requests than clients, too few to average:
+    completed / `wall_s`."""
+    done = sum(1 for r in records if r.outcome == "completed")
+    spans = [r.e2el_s for r in records if r.e2el_s is not None]
+    over_wall = done / wall_s
+    wall = f"{done} completed in {wall_s:.1f} s = {over_wall:.3f} req/s, drain included"
+    out = {"completed": done, "rps_completed_over_wall": round(over_wall, 4)}
+    if done < concurrency:
+        return {**out, "rps": round(over_wall, 4), "rps_little": None,
+                "source": f"completed / wall, as fewer completed than clients ({done} < {concurrency}): {wall}"}
+    little = concurrency * done / sum(spans)
+    return {**out, "rps": round(little, 4), "rps_little": round(little, 4),
+            "source": f"Little's law: {concurrency} clients / mean {sum(spans) / len(spans):.2f} s a request "
+                      f"({len(spans)} ended) x {done / len(spans):.2f} completed = {little:.3f} req/s; {wall}"}
 
 
 def ladder_traces(args, saturation_rps: float) -> dict[str, list[dict]]:
@@ -476,6 +514,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.trace and args.rate is None:
         source = source.replace(str(ROOT) + "/", "")
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    base = load_deployment(Path(args.deployment).resolve())
+    # The ladder's traces are drawn once saturation is known; their sizes are --sizes already.
+    shapes = traces.get("") or [{"height": h, "width": w} for h, w in loadgen.parse_sizes(args.sizes)]
+    overrides = parse_accel_overrides(args.accel)
+    accel = variant_accel(overrides, trace_sizes(shapes, base.defaults, base.is_video))
+    origin = "from --accel" if "warm_sizes" in overrides else "the trace's sizes"
+    print(f"[matched_control] variants' [accel] warm_sizes: {', '.join(accel['warm_sizes']) or 'none'} ({origin}; "
+          f"the base's: {', '.join(base.accel.warm_sizes) or 'none'})", file=sys.stderr, flush=True)
 
     # SIGTERM/SIGHUP end the run like Ctrl-C, so the `finally` blocks stop the servers.
     def _interrupt(signum, _frame):
@@ -490,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
     ok, interrupted = False, None
     try:
         for mode in modes:
-            run_mode(mode, args, traces, source, work, by_mode.setdefault(mode, {}), saturation)
+            run_mode(mode, args, traces, source, work, by_mode.setdefault(mode, {}), accel, saturation)
         ok = True
     except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, a caller's deadline: keep what finished
         finished = [f"{mode} ({len(reps)}/{len(traces)} traces)" for mode, reps in by_mode.items() if reps]

@@ -244,12 +244,13 @@ def measure_at_load(scheduler, sim: Sim, entries: list[dict], sizes: set[str]) -
                       [SimRequest("measure", 0.0, shape, 1, 0.0) for shape in shapes], sim.capacity)
 
 
-def make_scheduler(policy: str, old_module, max_slowdown: float):
+def make_scheduler(policy: str, old_module, options: dict):
+    """`options`: the current `cost` scheduler's [engine] keys (max_slowdown, target_utilisation)."""
     if policy in ("request_batch", "step:all"):
         return current_scheduler.StepScheduler("all")
     if policy == "step:cost-old":
         return EarlierScheduler(old_module.StepScheduler("cost"))
-    return current_scheduler.StepScheduler("cost", max_slowdown=max_slowdown)
+    return current_scheduler.StepScheduler("cost", **options)
 
 
 def stats(done: list[SimRequest], forwards: list[int]) -> dict:
@@ -262,14 +263,14 @@ def stats(done: list[SimRequest], forwards: list[int]) -> dict:
             "mean_step_batch_size": float(np.mean(forwards)), "forwards": len(forwards)}
 
 
-def simulate(entries: list[dict], sim_args: dict, old_module, max_slowdown: float,
+def simulate(entries: list[dict], sim_args: dict, old_module, options: dict,
              measured_sizes: set[str] | None = None) -> dict:
     """Every policy on `entries`, each after a solo pass over the trace's shapes (as the control's);
     with `measured_sizes`, also step:cost with its curve measured at load for those sizes."""
     results = {}
     solo_entries = {(shape_of(e), e["num_inference_steps"]): e for e in entries}
     for policy in POLICIES + ("step:cost@load",) * bool(measured_sizes):
-        sim, scheduler = Sim(**sim_args), make_scheduler(policy, old_module, max_slowdown)
+        sim, scheduler = Sim(**sim_args), make_scheduler(policy, old_module, options)
         if policy == "step:cost@load":
             measure_at_load(scheduler, sim, entries, measured_sizes)
         for entry in solo_entries.values():
@@ -319,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
                         "(1024px, 20 steps: solo 1233 ms - 20 x ~49 ms forwards)")
     p.add_argument("--capacity", type=int, default=16)
     p.add_argument("--max-slowdown", type=float, default=2.0, help="step:cost's [engine] max_slowdown")
+    p.add_argument("--target-utilisation", type=float, default=0.8, help="step:cost's [engine] target_utilisation")
     p.add_argument("--slowdown", type=float, default=None,
                    help="dit forwards under load vs solo "
                         "(default: the control's request_batch dit step time / the fit's)")
@@ -343,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
                     pre_s=args.pre_ms / 1000, capacity=args.capacity, slowdown=slowdown,
                     timing_noise=args.timing_noise, seed=args.seed)
     old = load_old_scheduler(args.old_ref)
+    options = dict(max_slowdown=args.max_slowdown, target_utilisation=args.target_utilisation)
     load = utilisation(trace, costs, slowdown)
     scenarios = [(f"H200 control trace: {controls[0]['source']} ({load:.2f} of saturation)", trace)]
     for spec in args.synthetic:
@@ -353,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     out = {"command": " ".join(shlex.quote(a) for a in ["python", "perf/sched_sim.py", *(argv or sys.argv[1:])]),
            "assumptions": {"slowdown": round(slowdown, 3), "batching": args.batching,
                            "overhead_ms": args.overhead_ms, "pre_ms": args.pre_ms, "capacity": args.capacity,
-                           "max_slowdown": args.max_slowdown, "old_ref": args.old_ref, "solo_mode": args.solo_mode,
+                           "max_slowdown": args.max_slowdown, "target_utilisation": args.target_utilisation, "old_ref": args.old_ref, "solo_mode": args.solo_mode,
                            "measure_at_load": args.measure_at_load or None},
            "costs_ms": {f"{s.height}x{s.width}-{'cfg' if s.cfg else 'nocfg'}":
                         {"step": round(c.step_s * 1000, 1), "fixed": round(c.fixed_s * 1000, 1)}
@@ -366,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[sched_sim] {label}", file=sys.stderr, flush=True)
         sizes = ({f"{e['height']}x{e['width']}" for e in entries} if args.measure_at_load == "all"
                  else set(filter(None, args.measure_at_load.split(","))))
-        out["scenarios"].append({"label": label, "results": simulate(entries, sim_args, old, args.max_slowdown, sizes)})
+        out["scenarios"].append({"label": label, "results": simulate(entries, sim_args, old, options, sizes)})
     text = render(out)
     print(text)
     if args.out:

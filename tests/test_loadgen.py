@@ -122,3 +122,44 @@ def test_load_ladder_draws_one_trace_per_fraction_of_saturation():
     assert traces == matched_control.ladder_traces(args, saturation_rps=10.0)   # seeded
     with pytest.raises(SystemExit, match="drop --trace"):
         matched_control.main(["--load-fractions", "0.5", "--trace", "perf/traces/tiny_mixed_v1.jsonl"])
+
+
+def test_saturation_by_littles_law_ignores_the_drain():
+    # 4 clients, 20 s a request, a 30 s window: 8 completed, the last ones drained until 60 s.
+    sys.path.insert(0, str(ROOT / "perf"))
+    import matched_control
+
+    def rec(i, send, end, outcome="completed"):
+        return loadgen.Record(i, "1024x1024-20steps-cfg", send, None, send_s=send, end_s=end, outcome=outcome)
+
+    records = [rec(i, s, s + 20.0) for i, s in enumerate([0, 0, 0, 0, 20, 20, 20, 29])]
+    est = matched_control.closed_loop_throughput(records, concurrency=4, wall_s=60.0)
+    assert est["rps"] == est["rps_little"] == 0.2                  # N / mean response time = 4 / 20 s
+    assert est["rps_completed_over_wall"] == round(8 / 60, 4) and est["completed"] == 8
+    assert "Little's law" in est["source"]
+    # A cancelled request held its client for 2 s without completing: N x completed / time in requests.
+    est = matched_control.closed_loop_throughput(records + [rec(8, 40, 42, "cancelled")], concurrency=4, wall_s=60.0)
+    assert est["rps"] == round(4 * 8 / 162, 4)
+    # Fewer completed than clients: too few to average, completed / wall, and said so.
+    est = matched_control.closed_loop_throughput(records[:3] + [rec(3, 0, 5, "failed")], concurrency=4, wall_s=25.0)
+    assert est["rps"] == est["rps_completed_over_wall"] == 0.12 and est["rps_little"] is None
+    assert "fewer completed than clients (3 < 4)" in est["source"]
+
+
+def test_matched_control_warms_the_trace_sizes_unless_accel_names_them(tmp_path):
+    # The cost scheduler profiles its curve at load for the warm sizes only: they follow the trace.
+    sys.path.insert(0, str(ROOT / "perf"))
+    import matched_control
+    from ditserve.deployment import Defaults, load_deployment, parse_accel_overrides
+    entries = [{"height": 512, "width": 512}, {"height": 512, "width": 768}, {"height": 512, "width": 512},
+               {"prompt": "default size"}, {"height": 8, "width": 8, "expect_error": "size"}]
+    defaults = Defaults(height=1024, width=1024, num_frames=81)
+    assert matched_control.trace_sizes(entries, defaults) == ["512x512", "512x768", "1024x1024"]
+    assert matched_control.trace_sizes(entries[:1], defaults, video=True) == ["81x512x512"]
+    overrides = parse_accel_overrides(["transformer=compile"])
+    assert matched_control.variant_accel(overrides, ["512x512"]) == {"transformer": "compile", "warm_sizes": ["512x512"]}
+    given = parse_accel_overrides(["warm_sizes=1024x1024"])
+    assert matched_control.variant_accel(given, ["512x512"]) == {"warm_sizes": ["1024x1024"]}
+    path, _ = matched_control.write_mode_deployment(ROOT / "configs" / "tiny-pixart-sigma.toml", "step:cost", None,
+                                                    tmp_path / "variant.toml", {"warm_sizes": ["64x64", "96x128"]})
+    assert load_deployment(path).accel.warm_sizes == ("64x64", "96x128")

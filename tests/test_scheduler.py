@@ -10,7 +10,8 @@ import torch
 
 from conftest import ROOT
 from ditserve.deployment import load_deployment
-from ditserve.scheduler import Candidate, CostModel, CostPolicy, ForwardTimer, StepScheduler, sum_of_completions
+from ditserve.scheduler import (ArrivalRate, Candidate, CostModel, CostPolicy, ForwardTimer, StepScheduler,
+                                sum_of_completions)
 
 GROUP = ("64x64", True)
 # H200 PixArt-Sigma forward times (DESIGN.md, 2026-12-01) in requests with CFG (2 rows each), seconds.
@@ -68,22 +69,22 @@ def test_cpu_forward_timer_feeds_the_model_once_resolved():
 
 
 def test_measure_at_load_seeds_each_shape_for_every_size_up_to_capacity():
-    """`cost` times 1..capacity copies of each shape's state, keeps the fastest of the repeats,
-    and then needs no guess: with batching that gains nothing it steps one request from the first
-    round (unseeded, a size above the largest measured one looks free and gets tried)."""
+    """`cost` times 1..capacity copies of each shape's state after one untimed forward of each
+    size, and then needs no guess: with batching that gains nothing it steps one request from the
+    first round (unseeded, a size above the largest measured one looks free and gets tried)."""
     @dataclass
     class Shape:
         compat_key: tuple
     timed = []
 
-    def time_forward(states: list) -> float:   # 50 ms per request, the second repeat 10 ms slower
+    def time_forward(states: list) -> float:   # 50 ms per request, a size's first forward 100 ms slower
         timed.append((states[0].compat_key, len(states)))
-        return 0.05 * len(states) + 0.01 * (timed.count(timed[-1]) - 1)
+        return 0.05 * len(states) + 0.1 * (timed.count(timed[-1]) == 1)
 
     scheduler = StepScheduler("cost")
     scheduler.measure(time_forward, [Shape(GROUP), Shape(("64x64", False))], capacity=3)
     assert sorted(set(timed)) == sorted((key, n) for key in (GROUP, ("64x64", False)) for n in (1, 2, 3))
-    assert len(timed) == 12, "two repeats of each"
+    assert len(timed) == 12, "one untimed and one timed forward of each"
     assert [scheduler.model.estimate(GROUP, n) for n in (1, 2, 3)] == pytest.approx([0.05, 0.1, 0.15])
     assert scheduler.policy.choose(candidates([10, 10]), scheduler.model) == {"r0"}
     unseeded = model_of({1: 0.05})
@@ -97,8 +98,7 @@ def test_a_profiled_group_learns_one_level_for_every_size():
     """Load lengthens all sizes alike: timings of size 1 alone raise size 2's estimate by the same
     factor, so a size seldom run never looks cheaper than the profile says."""
     model = CostModel()
-    for size, seconds in {1: 0.05, 2: 0.10, 4: 0.20}.items():
-        model.profile(GROUP, size, seconds)
+    model.profile(GROUP, {1: 0.05, 2: 0.10, 4: 0.20})
     for _ in range(200):
         model.observe(GROUP, 1, 0.075)            # every live forward 1.5x its profile
     assert model.estimate(GROUP, 1) == pytest.approx(0.075, rel=0.01)
@@ -111,6 +111,53 @@ def test_a_profiled_group_learns_one_level_for_every_size():
         model.observe(GROUP, 1, 0.05 * math.exp(abs(rng.gauss(0, 0.4))))
         batched += CostPolicy().choose(candidates([10, 10]), model) != {"r0"}
     assert batched == 0
+
+
+def test_a_profile_keeps_its_lower_monotone_envelope():
+    """Noise only lengthens a timed forward: a size that timed slower than a larger one costs what
+    the larger did (the H200's 1024px profile of 2026-12-02 had 10-12 requests at 353-521 ms
+    between 205 ms for 9 and 294 ms for 13)."""
+    model = CostModel()
+    model.profile(GROUP, {1: 0.150, 2: 0.108, 3: 0.138, 9: 0.205, 10: 0.353, 11: 0.504, 12: 0.521, 13: 0.294})
+    assert model.profiles[GROUP] == {1: 0.108, 2: 0.108, 3: 0.138, 9: 0.205, 10: 0.294, 11: 0.294, 12: 0.294,
+                                     13: 0.294}
+
+
+def test_arrival_rate_counts_steps_per_second_over_its_window():
+    rate = ArrivalRate(window_s=30.0)
+    assert rate.steps_per_second(now=0.0) == {}
+    for t in (0.0, 10.0, 20.0):
+        rate.add(GROUP, t, 40)
+    assert rate.steps_per_second(now=20.0) == {GROUP: pytest.approx(80 / 20)}, "all but the oldest / span"
+    assert rate.steps_per_second(now=40.0) == {GROUP: pytest.approx(40 / 30)}, "t=0 left the window"
+    assert rate.steps_per_second(now=100.0) == {GROUP: 0.0}, "a quiet spell: no load"
+    for _ in range(3):
+        rate.add(BIG, 5.0, 20)
+    assert rate.steps_per_second(now=5.0)[BIG] == math.inf, "a burst asks for the most throughput"
+
+
+def test_expensive_batching_waits_at_light_load_and_batches_at_heavy_load():
+    """1024px, two running requests: batching them raises throughput 1.3x but stretches both.
+    When the arrivals need less than one-at-a-time's throughput (at `target_utilisation`), the
+    policy steps one (lower mean latency); when they need more, it batches as without rates."""
+    policy, model = CostPolicy(), model_of(DEAR_1024)
+    alone = 1 / DEAR_1024[1]                                  # request-steps per second, one at a time
+    light = {GROUP: 0.5 * alone}
+    heavy = {GROUP: 0.9 * alone}
+    assert policy.choose(candidates([20, 20]), model, rates=light) == {"r0"}
+    assert policy.choose(candidates([20, 20]), model, rates=heavy) == {"r0", "r1"}
+    assert policy.choose(candidates([20, 20]), model) == {"r0", "r1"}, "no rates: near the best throughput"
+
+
+def test_a_group_needs_more_throughput_when_another_group_is_busy():
+    """The GPU is shared: a group's need counts only the time the other groups leave it."""
+    policy = CostPolicy(target_utilisation=0.8)
+    model = two_groups(DEAR_1024, DEAR_1024)
+    best = model.best_throughput(GROUP)
+    need = policy.needed({GROUP: 0.25 * best, BIG: 0.5 * best}, model)
+    assert need[GROUP] == pytest.approx(0.25 * best / (0.8 * 0.5))
+    assert need[BIG] == pytest.approx(0.5 * best / (0.8 * 0.75))
+    assert policy.needed({GROUP: 0.6 * best, BIG: 1.2 * best}, model)[GROUP] == math.inf, "no time left"
 
 
 def test_sum_of_completions_replays_the_group_slot_by_slot():
@@ -288,6 +335,7 @@ def test_all_scheduler_steps_every_ready_request():
     ('scheduler = "cost"\nmax_skips = 8', "unknown keys ['max_skips']"),
     ('scheduler = "cost"\nthroughput_floor = 1.5', "throughput_floor=1.5; allowed: a number in (0, 1]"),
     ('scheduler = "cost"\nmax_slowdown = 0.5', "max_slowdown=0.5; allowed: a number >= 1"),
+    ('scheduler = "cost"\ntarget_utilisation = 0', "target_utilisation=0; allowed: a number in (0, 1]"),
 ])
 def test_bad_scheduler_options_fail_at_load_naming_the_allowed_values(tmp_path, engine, message):
     base = (ROOT / "configs" / "tiny-pixart-sigma.toml").read_text().replace('mode = "step"\n', "")

@@ -102,7 +102,8 @@ class EngineSection:
     # Which ready generations step in each execute (ditserve/scheduler.py): "all" = every one
     # (processor sharing), "cost" = the subset a learned forward-cost curve says pays, fewest
     # remaining steps first; step mode only. Its knobs: the subset keeps at least
-    # `throughput_floor` of the best throughput on the curve; `cost_ewma` weighs a faster
+    # `throughput_floor` of the best throughput on the curve, or less when the arrivals need
+    # less (they would keep the GPU `target_utilisation` busy at it); `cost_ewma` weighs a faster
     # forward timing (a slower one gets a tenth of it); a request in dit for over
     # `max_slowdown` x its estimated time alone goes ahead of every request that is not
     # (oldest first).
@@ -110,6 +111,7 @@ class EngineSection:
     throughput_floor: float = 0.9
     cost_ewma: float = 0.3
     max_slowdown: float = 2.0
+    target_utilisation: float = 0.8
 
 
 TRANSFORMER_ACCEL = ("eager", "compile", "cuda_graphs")
@@ -322,7 +324,7 @@ def _check_scheduler(engine: EngineSection) -> None:
     if engine.scheduler != "all" and engine.mode != "step":
         raise ValueError(f"deployment [engine] scheduler={engine.scheduler!r} needs mode = \"step\", "
                          f"got mode={engine.mode!r}")
-    for name in ("throughput_floor", "cost_ewma"):
+    for name in ("throughput_floor", "cost_ewma", "target_utilisation"):
         value = getattr(engine, name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
             raise ValueError(f"deployment [engine] {name}={value!r}; allowed: a number in (0, 1]")

@@ -38,6 +38,7 @@ requests per forward, p99 1.36x request batching; perf/results/2026-12-02-h200-s
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
@@ -103,9 +104,15 @@ class CostModel:
         weight = self.ewma if old is None or new < old else self.ewma * self.RISE
         return new if old is None else old + weight * (new - old)
 
-    def profile(self, group: tuple, size: int, seconds: float) -> None:
-        """A forward of `size` requests of `group` timed at load, while nothing else ran."""
-        self.profiles.setdefault(group, {})[size] = seconds
+    def profile(self, group: tuple, curve: dict[int, float]) -> None:
+        """Forwards of `group` timed at load while nothing else ran: seconds per number of requests.
+        Kept as their lower monotone envelope (a size costs at most what any larger one did): noise
+        only lengthens a timed forward, and the H200's profiles had single sizes 1.5-2.3x their
+        neighbours (1024px, no CFG: 9 -> 205 ms, 10 -> 353, 13 -> 294; 2026-12-02)."""
+        envelope, cheapest = {}, float("inf")
+        for size in sorted(curve, reverse=True):
+            cheapest = envelope[size] = min(cheapest, curve[size])
+        self.profiles[group] = dict(sorted(envelope.items()))
         self.levels.setdefault(group, 1.0)
 
     def observe(self, group: tuple, size: int, seconds: float) -> None:
@@ -139,6 +146,11 @@ class CostModel:
                  for group, curve in self.profiles.items()]
         parts += [f"{group}: {ms(curve)}" for group, curve in self.curves.items()]
         return "; ".join(parts) or "nothing measured"
+
+    def best_throughput(self, group: tuple) -> float | None:
+        """The most requests-steps per second any measured size of `group` gives (None if unmeasured)."""
+        curve = self.profiles.get(group) or self.curves.get(group)
+        return max(k / self.estimate(group, k) for k in curve) if curve else None
 
     def estimate(self, group: tuple, size: int) -> float | None:
         """Seconds of a forward of `size` requests of `group`; None before any measurement."""
@@ -199,10 +211,52 @@ def sum_of_completions(remaining: list[int], slots: int, cost) -> float:
     return total
 
 
+class ArrivalRate:
+    """Denoise steps arriving per second in each group over the last `window_s` seconds: the
+    throughput that group must keep up with. From the n arrivals in the window: the steps of all
+    but the oldest over the time since the oldest (unbiased for Poisson arrivals; a burst, many at
+    once, reads as a high rate, which asks for the most throughput; a quiet spell lowers it)."""
+
+    def __init__(self, window_s: float = 30.0):
+        self.window_s = window_s
+        self.arrivals: dict[tuple, deque[tuple[float, int]]] = {}
+
+    def add(self, group: tuple, at: float, steps: int) -> None:
+        self.arrivals.setdefault(group, deque()).append((at, steps))
+
+    def steps_per_second(self, now: float) -> dict[tuple, float]:
+        rates = {}
+        for group, window in self.arrivals.items():
+            while window and window[0][0] < now - self.window_s:
+                window.popleft()
+            if len(window) < 2:
+                rates[group] = 0.0
+                continue
+            span = now - window[0][0]
+            steps = sum(steps for _, steps in window) - window[0][1]
+            rates[group] = steps / span if span > 0 else float("inf")
+        return rates
+
+
 @dataclass(frozen=True)
 class CostPolicy:
     throughput_floor: float = 0.9
     max_slowdown: float = 2.0
+    target_utilisation: float = 0.8
+
+    def needed(self, rates: dict[tuple, float], model: CostModel) -> dict[tuple, float]:
+        """Requests-steps per second each group must run at to serve its arrivals (`rates`) at
+        `target_utilisation` of the time the other groups leave it, running at their best. Past
+        that, batching more only stretches the rows already running: a latency cost with no
+        throughput the load needs (H200 1024px, 2026-12-02: a fixed floor of 0.9 x the best
+        throughput made `cost` batch two requests, at 1.74x one's forward, at ~0.5 load)."""
+        busy = {g: rate / best for g, rate in rates.items() if (best := model.best_throughput(g))}
+        total = sum(busy.values())
+        need = {}
+        for group, rate in rates.items():
+            free = 1.0 - (total - busy.get(group, 0.0))
+            need[group] = rate / (self.target_utilisation * free) if free > 0 else float("inf")
+        return need
 
     def overdue(self, c: Candidate, model: CostModel) -> bool:
         """In dit for longer than `max_slowdown` x its estimated time alone (the stretch bound)."""
@@ -217,22 +271,26 @@ class CostPolicy:
             return (1, c.remaining, -c.waited, c.key)
         return sorted(candidates, key=rank)
 
-    def slots(self, members: list[Candidate], cost) -> int:
-        """How many of one group's `members` step this round; `cost(n)` -> seconds or None. Sized
-        on the group's work in SRPT order (who fills the slots is `order`'s business): sized on
-        an order with overdue requests first, more slots would only serve to run SRPT's choice
-        beside them, which is processor sharing."""
+    def slots(self, members: list[Candidate], cost, need: float = float("inf")) -> int:
+        """How many of one group's `members` step this round; `cost(n)` -> seconds or None; `need`:
+        the requests-steps per second the load asks of this group (`needed`). Sized on the group's
+        work in SRPT order (who fills the slots is `order`'s business): sized on an order with
+        overdue requests first, more slots would only serve to run SRPT's choice beside them,
+        which is processor sharing."""
         n = len(members)
         if n == 0 or cost(1) is None:
             return n   # nothing measured for this group yet: step all, which measures it
         throughput = {k: k / cost(k) for k in range(1, n + 1)}
         best = max(throughput.values())
-        allowed = [k for k, t in throughput.items() if t >= self.throughput_floor * best]
+        allowed = [k for k, t in throughput.items() if t >= min(need, self.throughput_floor * best)]
         remaining = sorted(c.remaining for c in members)
         return min(allowed, key=lambda k: (sum_of_completions(remaining, k, cost), -k))
 
-    def choose(self, candidates: list[Candidate], model: CostModel) -> set[str]:
-        """Keys to step now; the rest wait a round."""
+    def choose(self, candidates: list[Candidate], model: CostModel,
+               rates: dict[tuple, float] | None = None) -> set[str]:
+        """Keys to step now; the rest wait a round. `rates`: each group's arriving steps per second
+        (ArrivalRate); without them every group must run near its best throughput."""
+        need = self.needed(rates, model) if rates is not None else {}
         groups: dict[tuple, list[Candidate]] = {}
         for candidate in candidates:
             groups.setdefault(candidate.group, []).append(candidate)
@@ -242,7 +300,7 @@ class CostPolicy:
         for group, members in groups.items():
             cost = lambda size, group=group: model.estimate(group, size)  # noqa: E731
             ordered = self.order(members, model)
-            plans[group] = ordered[:self.slots(members, cost)]
+            plans[group] = ordered[:self.slots(members, cost, need.get(group, float("inf")))]
             if cost(1) is None:
                 chosen.update(c.key for c in members)     # unmeasured: step all once, which measures it
                 continue
@@ -260,10 +318,11 @@ class StepScheduler:
     """The stage's scheduler: the policy and its cost model."""
 
     def __init__(self, kind: str = "all", throughput_floor: float = 0.9, cost_ewma: float = 0.3,
-                 max_slowdown: float = 2.0):
+                 max_slowdown: float = 2.0, target_utilisation: float = 0.8):
         self.kind = kind
-        self.policy = CostPolicy(throughput_floor, max_slowdown)
+        self.policy = CostPolicy(throughput_floor, max_slowdown, target_utilisation)
         self.model = CostModel(cost_ewma)
+        self.arrivals = ArrivalRate()
 
     def select(self, states: list, now: float | None = None) -> set[str]:
         """Keys of the `states` (engine.RequestState, all with steps left) to step this round;
@@ -274,19 +333,27 @@ class StepScheduler:
         now = time.monotonic() if now is None else now
         candidates = [Candidate(s.key, s.compat_key, s.total_steps - s.step_index, s.total_steps, now - s.admitted_at)
                       for s in states]
-        return self.policy.choose(candidates, self.model)
+        for c in candidates:
+            if c.new:   # not stepped yet: seen here once, as the first step is always taken at once
+                self.arrivals.add(c.group, now - c.waited, c.total)
+        return self.policy.choose(candidates, self.model, self.arrivals.steps_per_second(now))
 
-    def measure(self, time_forward: Callable[[list], float], states: list, capacity: int, repeats: int = 2) -> None:
-        """Profile the cost curve at load: a forward of 1..`capacity` copies of each of `states`
-        (engine.RequestState, one per shape), the fastest of `repeats`, timed while nothing else
-        runs. Forwards timed under load are lengthened by the other stages' GPU work, all sizes
-        alike: the live timings then set the curve's level, not its shape (CostModel), and no
-        size is guessed before it is tried."""
+    def measure(self, time_forward: Callable[[list], float], states: list, capacity: int, repeats: int = 1) -> None:
+        """Profile the cost curve at load: forwards of 1..`capacity` copies of each of `states`
+        (engine.RequestState, one per shape), one untimed (a new batch size's first forward
+        allocates and picks kernels: 150 ms against 108 for the next size on the H200) and the
+        fastest of `repeats` more, timed while nothing else runs; spikes left are cut by the
+        curve's monotone envelope (CostModel.profile). Forwards timed under load are
+        lengthened by the other stages' GPU work, all sizes alike: the live timings then set the
+        curve's level, not its shape (CostModel), and no size is guessed before it is tried."""
         if self.kind != "cost":
             return
         for state in states:
+            curve = {}
             for size in range(1, capacity + 1):
-                self.model.profile(state.compat_key, size, min(time_forward([state] * size) for _ in range(repeats)))
+                time_forward([state] * size)
+                curve[size] = min(time_forward([state] * size) for _ in range(repeats))
+            self.model.profile(state.compat_key, curve)
 
     def observe(self, timings: list[tuple[tuple, int, ForwardTimer]]) -> None:
         """The forwards a step ran: (compatibility key, requests, timer)."""

@@ -114,7 +114,8 @@ class DitStage:
         adapter = adapter_for(self.deployment.model.family)(self.deployment, "dit", instance_device(args))
         self.engine = StepEngine(adapter, injector(self.deployment, "dit"))
         engine = self.deployment.engine
-        self.scheduler = StepScheduler(engine.scheduler, engine.throughput_floor, engine.cost_ewma, engine.max_slowdown)
+        self.scheduler = StepScheduler(engine.scheduler, engine.throughput_floor, engine.cost_ewma, engine.max_slowdown,
+                                       engine.target_utilisation)
         self.accel_metrics = warm_up(adapter, args["model_name"])
         warm_request_path(args["model_name"], lambda: self._warm_request_path(adapter))
         if engine.scheduler == "cost":
