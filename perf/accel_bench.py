@@ -183,8 +183,8 @@ def served(args, work: Path, report: dict) -> None:
         shutil.rmtree(accel["compile_cache"], ignore_errors=True)
     variant = work / f"{args.name}.toml"
     cache = {"tiers": parse_tiers(args.cache_tiers)} if args.cache_tiers else None
-    write_variant(Path(args.deployment), variant, {"mode": "step", "capacity": args.capacity}, "perf/accel_bench.py",
-                  accel=accel, cache=cache)
+    engine = {"mode": "step", "capacity": args.capacity, "in_flight": args.in_flight}
+    write_variant(Path(args.deployment), variant, engine, "perf/accel_bench.py", accel=accel, cache=cache)
     report["served_deployment"] = variant.read_text()
     repo = work / f"repo-{args.name}"
     subprocess.run([sys.executable, str(ROOT / "scripts" / "render_repository.py"), "--deployment", str(variant),
@@ -256,6 +256,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--guidance", type=float, default=4.5)
     ap.add_argument("--capacity", type=int, default=8)
+    ap.add_argument("--in-flight", type=int, default=0,
+                    help="[engine] in_flight: generations the public models hold at once (0 = capacity)")
     ap.add_argument("--accel", nargs="*", default=["transformer=cuda_graphs"], help="[accel] key=value")
     ap.add_argument("--raw-runs", type=int, default=5)
     ap.add_argument("--raw-batches", default="", help="raw batched baseline sizes, e.g. 8,16 (its best is the ceiling)")

@@ -493,7 +493,8 @@ OUTCOME_COUNTERS = {"completed": "ditserve_requests_completed_total", "cancelled
 def where_time_goes(before: dict, after: dict) -> dict:
     """Between two scrapes, per model that executed: its mean compute ms per execution and mean
     queue ms per request (Triton's counters), and dit's mean engine step
-    (ditserve_step_duration_seconds): to split a request's latency and to find the stage that queues."""
+    (ditserve_step_duration_seconds) and generations per step (ditserve_step_batch_size): to split a
+    request's latency, to find the stage that queues, and to see how full dit ran."""
     out = {}
     for (name, model), value in after.items():
         if name != "nv_inference_exec_count":
@@ -510,6 +511,8 @@ def where_time_goes(before: dict, after: dict) -> dict:
             out[f"{model}_queue_ms_per_request"] = round(queued / requests / 1000, 2)
     step = histogram_mean(before, after, "ditserve_step_duration_seconds", "dit")
     out["dit_step_ms"] = None if step is None else round(step * 1000, 2)
+    batch = histogram_mean(before, after, "ditserve_step_batch_size", "dit")   # how full dit ran
+    out["dit_requests_per_step"] = None if batch is None else round(batch, 2)
     return out
 
 

@@ -59,15 +59,16 @@ DEFAULT_TRACE = "perf/traces/tiny_mixed_v1.jsonl"
 # ---- deployments -------------------------------------------------------------------------
 
 def write_mode_deployment(base: Path, mode: str, capacity: int | None, out: Path,
-                          accel: dict | None = None) -> tuple[Path, int]:
-    """The base deployment with [engine] mode (and capacity, and [accel] keys) replaced; returns
-    (path, capacity). `mode` may name a step scheduler too: `step:cost` = mode "step", scheduler "cost"."""
+                          accel: dict | None = None, in_flight: int = 0) -> tuple[Path, int]:
+    """The base deployment with [engine] mode (and capacity, in_flight, and [accel] keys) replaced;
+    returns (path, capacity). `mode` may name a step scheduler too: `step:cost` = mode "step", scheduler "cost"."""
     mode, _, scheduler = mode.partition(":")
     if mode not in ENGINE_MODES or (scheduler and scheduler not in SCHEDULERS):
         raise SystemExit(f"unknown mode {mode!r}; choose from {ENGINE_MODES}, or step:<scheduler> with a "
                          f"scheduler of {SCHEDULERS}")
     cap = capacity if capacity is not None else load_deployment(base).engine.capacity
-    engine = {"mode": mode, "capacity": 1 if mode == "serial" else cap, **({"scheduler": scheduler} if scheduler else {})}
+    engine = {"mode": mode, "capacity": 1 if mode == "serial" else cap, "in_flight": in_flight,
+              **({"scheduler": scheduler} if scheduler else {})}
     variant = write_variant(base, out, engine, "perf/matched_control.py", accel=accel)
     return out, variant.engine.capacity
 
@@ -108,7 +109,7 @@ def run_mode(mode: str, args, traces: dict[str, list[dict]], source: str, work: 
     the same traces)."""
     label = mode.replace(":", "-")   # step:cost -> step-cost in file names
     deployment, capacity = write_mode_deployment(Path(args.deployment).resolve(), mode, args.capacity,
-                                                 work / f"deployment-{label}.toml", accel)
+                                                 work / f"deployment-{label}.toml", accel, args.in_flight)
     repo = work / f"repository-{label}"
     render_repository(deployment, repo)
     http, grpc_port, metrics = free_ports(3)
@@ -455,6 +456,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare", default="step", help="the mode the verdict holds against request_batch "
                                                      "(default step; e.g. step:cost)")
     p.add_argument("--capacity", type=int, default=None, help="override [engine] capacity (default: the base's)")
+    p.add_argument("--in-flight", type=int, default=0,
+                   help="[engine] in_flight for every mode (0 = capacity): generations the public "
+                        "models hold at once")
     p.add_argument("--accel", nargs="*", default=[], metavar="KEY=VALUE",
                    help="override [accel] keys for every mode, e.g. text_encoder=compile vae_decode=compile "
                         "(lists: warm_sizes=1024x1024,512x512); default: the base's")

@@ -3,8 +3,9 @@
 
 Triton reads batching policy from config.pbtxt, which cannot read our TOML, so the
 deployment's [engine] capacity is written into `dit` (max_batch_size and
-max_candidate_sequences) and into the instance count of the public models (an instance
-serves one generation at a time). The public models are named for the family's task
+max_candidate_sequences) and its `in_flight` (default: the capacity) into the instance count of
+the public models (an instance serves one generation at a time; generations past capacity wait,
+encoded, in dit's sequence backlog). The public models are named for the family's task
 (`txt2img` + `txt2img_stream`, `txt2vid` + `txt2vid_stream`), and every model but those
 of the default deployment names its deployment (parameter `deployment`), so a plain
 `tritonserver --model-repository DIR` serves the right checkpoint. The committed
@@ -17,7 +18,7 @@ vae_decode (max batch 4) queued ~150 ms per request (DESIGN.md, 2026-12-01).
 `--gpus N` (N > 0) places one instance of each device stage (text_encoder, dit, vae_decode)
 on each of GPUs 0..N-1 (KIND_GPU; the stage then loads onto cuda:<model_instance_device_id>,
 see ditserve.adapters.base.FamilyAdapter), and multiplies the public models' instance count
-by N so that N * capacity generations can be in flight. Each dit instance keeps its own
+by N so that N * in_flight generations can be in flight. Each dit instance keeps its own
 request table: Triton's sequence batcher (Oldest strategy) routes every request of a sequence
 to the same model instance (Triton docs, architecture.md "Stateful Models"), so a generation's
 state lives on the instance, and GPU, that admitted it. Default 0 keeps the committed KIND_CPU
@@ -116,7 +117,8 @@ def render(template: Path, out: Path, deployment: Deployment, gpus: int = 0, pip
     dit.write_text(text)
     for model in public_models(out):
         config = model / "config.pbtxt"
-        config.write_text(re.sub(r"count: \d+", f"count: {capacity * max(gpus, 1)}", config.read_text()))
+        count = deployment.engine.generations * max(gpus, 1)
+        config.write_text(re.sub(r"count: \d+", f"count: {count}", config.read_text()))
         name = deployment.task + ("_stream" if model.name.endswith("_stream") else "")
         if model.name != name:
             model.rename(model.with_name(name))

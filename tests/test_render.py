@@ -5,6 +5,8 @@ import filecmp
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT
 
 
@@ -83,3 +85,23 @@ def test_stages_around_dit_are_sized_from_its_capacity(tmp_path):
                     "configs/pixart-sigma-1024.toml", "--out", str(out)], check=True)
     assert "max_batch_size: 8" in (out / "vae_decode" / "config.pbtxt").read_text()  # was 4: 2 decodes per batch
     assert "count: 1," in (out / "vae_decode" / "config.pbtxt").read_text()
+
+
+def test_in_flight_sets_the_public_instance_count_and_is_checked(tmp_path):
+    """`[engine] in_flight` (default: capacity) is the public models' instance count per GPU;
+    fewer than capacity would leave dit's slots unfillable, so it is refused at load."""
+    from ditserve.deployment import write_variant
+
+    deployment = tmp_path / "in-flight.toml"
+    write_variant(ROOT / "configs" / "pixart-sigma-1024.toml", deployment, {"capacity": 8, "in_flight": 12},
+                  "tests/test_render.py")
+    for gpus, count in ((0, 12), (2, 24)):
+        out = tmp_path / f"repo{gpus}"
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "render_repository.py"), "--deployment",
+                        str(deployment), "--gpus", str(gpus), "--out", str(out)], check=True)
+        for model in ("txt2img", "txt2img_stream"):
+            assert f"instance_group [{{ count: {count}, kind: KIND_CPU }}]" in (out / model / "config.pbtxt").read_text()
+        assert "max_candidate_sequences: 8" in (out / "dit" / "config.pbtxt").read_text()
+    with pytest.raises(ValueError, match=r"in_flight=4; allowed: 0 \(= capacity\) or an integer >= capacity \(8\)"):
+        write_variant(ROOT / "configs" / "pixart-sigma-1024.toml", tmp_path / "bad.toml", {"capacity": 8, "in_flight": 4},
+                      "tests/test_render.py")

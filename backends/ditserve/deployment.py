@@ -87,6 +87,11 @@ class Limits:
 class EngineSection:
     mode: str = "step"
     capacity: int = 1
+    # Generations the public models hold at once (their instance count; 0 = capacity). Past
+    # capacity, the extra ones wait in dit's sequence backlog, encoded, and take a slot the
+    # moment one frees, so dit stays full while other generations encode or decode (H200, 1024px,
+    # capacity 8: 6.2 of 8 slots busy on average with in_flight = capacity, 2026-12-02).
+    in_flight: int = 0
     # A state whose request has not come back for this long is released (its request
     # was lost, e.g. cancelled while queued for rescheduling).
     gc_idle_seconds: float = 300.0
@@ -112,6 +117,11 @@ class EngineSection:
     cost_ewma: float = 0.3
     max_slowdown: float = 2.0
     target_utilisation: float = 0.8
+
+    @property
+    def generations(self) -> int:
+        """Generations in flight per dit instance: the public models' instance count (per GPU)."""
+        return self.in_flight or self.capacity
 
 
 TRANSFORMER_ACCEL = ("eager", "compile", "cuda_graphs")
@@ -312,6 +322,10 @@ def load_deployment(path: str | os.PathLike | None = None) -> Deployment:
         raise ValueError(f"deployment [engine] mode=\"serial\" needs capacity = 1, got {dep.engine.capacity}")
     if dep.engine.capacity < 1:
         raise ValueError(f"deployment [engine] capacity={dep.engine.capacity}; must be >= 1")
+    in_flight = dep.engine.in_flight
+    if isinstance(in_flight, bool) or not isinstance(in_flight, int) or (in_flight and in_flight < dep.engine.capacity):
+        raise ValueError(f"deployment [engine] in_flight={in_flight!r}; allowed: 0 (= capacity) or an integer >= "
+                         f"capacity ({dep.engine.capacity})")
     _check_scheduler(dep.engine)
     _check_accel(dep)
     _check_cache(dep.cache)
