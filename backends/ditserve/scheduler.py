@@ -24,9 +24,11 @@ requests per forward, p99 1.36x request batching; perf/results/2026-12-02-h200-s
 - Within a group, size: step the first k of that order, where k minimises the estimated sum
   of completion times of the group's requests in SRPT order (a fluid replay of the group with
   k slots and the cost curve), among the k whose throughput (request-steps per second) is at
-  least `throughput_floor` x the best k's. A waiting request is thus admitted only when the
-  throughput it adds pays for the slowdown of the rows already running; under a backlog the
-  floor keeps the scheduler from trading much throughput for latency.
+  least what the arrivals need at `target_utilisation` (ArrivalRate, CostPolicy.needed), capped
+  at `throughput_floor` x the best k's. A waiting request is thus admitted only when the
+  throughput it adds pays for the slowdown of the rows already running, or the load needs that
+  throughput; under a backlog the floor keeps the scheduler from trading much throughput for
+  latency.
 - Across groups: one group steps: the one holding the oldest overdue request if any, else the
   one whose head finishes soonest when it runs alone (its fewest remaining steps x the
   estimated forward of its chosen k: SRPT between groups). Every group not measured yet also
@@ -251,10 +253,9 @@ class CostPolicy:
         throughput the load needs (H200 1024px, 2026-12-02: a fixed floor of 0.9 x the best
         throughput made `cost` batch two requests, at 1.74x one's forward, at ~0.5 load)."""
         busy = {g: rate / best for g, rate in rates.items() if (best := model.best_throughput(g))}
-        total = sum(busy.values())
         need = {}
         for group, rate in rates.items():
-            free = 1.0 - (total - busy.get(group, 0.0))
+            free = 1.0 - sum(share for other, share in busy.items() if other != group)
             need[group] = rate / (self.target_utilisation * free) if free > 0 else float("inf")
         return need
 
