@@ -11,7 +11,7 @@ import torch
 from conftest import ROOT
 from ditserve.deployment import load_deployment
 from ditserve.scheduler import (ArrivalRate, Candidate, CostModel, CostPolicy, ForwardTimer, StepScheduler,
-                                sum_of_completions)
+                                completions, expected_latency_cost)
 
 GROUP = ("64x64", True)
 # H200 PixArt-Sigma forward times (DESIGN.md, 2026-12-01) in requests with CFG (2 rows each), seconds.
@@ -125,15 +125,15 @@ def test_a_profile_keeps_its_lower_monotone_envelope():
 
 def test_arrival_rate_counts_steps_per_second_over_its_window():
     rate = ArrivalRate(window_s=30.0)
-    assert rate.steps_per_second(now=0.0) == {}
+    assert rate.per_second(now=0.0) == {}
     for t in (0.0, 10.0, 20.0):
         rate.add(GROUP, t, 40)
-    assert rate.steps_per_second(now=20.0) == {GROUP: pytest.approx(80 / 20)}, "all but the oldest / span"
-    assert rate.steps_per_second(now=40.0) == {GROUP: pytest.approx(40 / 30)}, "t=0 left the window"
-    assert rate.steps_per_second(now=100.0) == {GROUP: 0.0}, "a quiet spell: no load"
+    assert rate.per_second(now=20.0) == {GROUP: pytest.approx((2 / 20, 80 / 20))}, "all but the oldest / span"
+    assert rate.per_second(now=40.0) == {GROUP: pytest.approx((1 / 30, 40 / 30))}, "t=0 left the window"
+    assert rate.per_second(now=100.0) == {GROUP: (0.0, 0.0)}, "a quiet spell: no load"
     for _ in range(3):
         rate.add(BIG, 5.0, 20)
-    assert rate.steps_per_second(now=5.0)[BIG] == math.inf, "a burst asks for the most throughput"
+    assert rate.per_second(now=5.0)[BIG] == (math.inf, math.inf), "a burst asks for the most throughput"
 
 
 def test_expensive_batching_waits_at_light_load_and_batches_at_heavy_load():
@@ -142,8 +142,8 @@ def test_expensive_batching_waits_at_light_load_and_batches_at_heavy_load():
     policy steps one (lower mean latency); when they need more, it batches as without rates."""
     policy, model = CostPolicy(), model_of(DEAR_1024)
     alone = 1 / DEAR_1024[1]                                  # request-steps per second, one at a time
-    light = {GROUP: 0.5 * alone}
-    heavy = {GROUP: 0.9 * alone}
+    light = {GROUP: (0.0, 0.5 * alone)}    # (requests, steps) per second; no arrival term here
+    heavy = {GROUP: (0.0, 0.9 * alone)}
     assert policy.choose(candidates([20, 20]), model, rates=light) == {"r0"}
     assert policy.choose(candidates([20, 20]), model, rates=heavy) == {"r0", "r1"}
     assert policy.choose(candidates([20, 20]), model) == {"r0", "r1"}, "no rates: near the best throughput"
@@ -160,11 +160,25 @@ def test_a_group_needs_more_throughput_when_another_group_is_busy():
     assert policy.needed({GROUP: 0.6 * best, BIG: 1.2 * best}, model)[GROUP] == math.inf, "no time left"
 
 
-def test_sum_of_completions_replays_the_group_slot_by_slot():
+def test_completions_replay_the_group_slot_by_slot():
     flat = lambda n: 1.0  # noqa: E731  (a forward costs 1 s whatever its size)
-    assert sum_of_completions([2, 4], 2, flat) == 2 + 4
-    assert sum_of_completions([2, 4], 1, flat) == 2 + 6
-    assert sum_of_completions([1, 1, 1], 2, lambda n: float(n)) == 2 + 2 + 3
+    assert completions([2, 4], 2, flat) == (2 + 4, 4)
+    assert completions([2, 4], 1, flat) == (2 + 6, 6)
+    assert completions([1, 1, 1], 2, lambda n: float(n)) == (2 + 2 + 3, 3)
+
+
+def test_expected_arrivals_make_a_batch_that_pays_in_throughput_worth_it():
+    """Two 20-step requests on a curve where two cost 1.55x one (the CPU emulation of 2026-12-02):
+    one at a time finishes the two present a little sooner (2340 vs 2420 ms summed), but with a
+    request arriving every 2.5 s batching's shorter makespan wins."""
+    curve = {1: 0.039, 2: 0.0605}
+    cost = lambda n: curve[n]  # noqa: E731
+    assert expected_latency_cost([20, 20], 1, cost) < expected_latency_cost([20, 20], 2, cost)
+    assert expected_latency_cost([20, 20], 2, cost, 0.4) < expected_latency_cost([20, 20], 1, cost, 0.4)
+    h200 = {1: 0.0541, 2: 0.0941}     # the H200's 1024px CFG profile of 2026-12-02: two cost 1.74x one
+    dear = lambda n: h200[n]  # noqa: E731
+    assert expected_latency_cost([20, 20], 1, dear, 0.4) < expected_latency_cost([20, 20], 2, dear, 0.4), \
+        "where batching gains less, one at a time still wins at that load"
 
 
 def test_cheap_batching_steps_everyone():

@@ -23,7 +23,8 @@ requests per forward, p99 1.36x request batching; perf/results/2026-12-02-h200-s
   (perf/results/2026-12-02-h200-scheduler-ladder.md).
 - Within a group, size: step the first k of that order, where k minimises the estimated sum
   of completion times of the group's requests in SRPT order (a fluid replay of the group with
-  k slots and the cost curve), among the k whose throughput (request-steps per second) is at
+  k slots and the cost curve) plus the wait of the requests expected to arrive meanwhile
+  (`expected_latency_cost`), among the k whose throughput (request-steps per second) is at
   least what the arrivals need at `target_utilisation` (ArrivalRate, CostPolicy.needed), capped
   at `throughput_floor` x the best k's. A waiting request is thus admitted only when the
   throughput it adds pays for the slowdown of the rows already running, or the load needs that
@@ -194,10 +195,11 @@ class Candidate:
         return self.remaining == self.total
 
 
-def sum_of_completions(remaining: list[int], slots: int, cost) -> float:
-    """Sum of completion times (from now) of requests with `remaining` steps (in priority order),
-    stepping the first `slots` unfinished ones per round at `cost(n)` seconds for n requests.
-    Replays event by event (a finish), so it costs O(n^2), not O(steps)."""
+def completions(remaining: list[int], slots: int, cost) -> tuple[float, float]:
+    """(sum of completion times, time the last one completes), from now, of requests with
+    `remaining` steps (in priority order), stepping the first `slots` unfinished ones per round at
+    `cost(n)` seconds for n requests. Replays event by event (a finish), so it costs O(n^2), not
+    O(steps)."""
     left = list(remaining)
     queue = list(range(len(left)))
     clock, total = 0.0, 0.0
@@ -210,7 +212,18 @@ def sum_of_completions(remaining: list[int], slots: int, cost) -> float:
         finished = [i for i in running if left[i] == 0]
         total += clock * len(finished)
         queue = [i for i in queue if left[i] > 0]
-    return total
+    return total, clock
+
+
+def expected_latency_cost(remaining: list[int], slots: int, cost, arrivals_per_s: float = 0.0) -> float:
+    """What stepping `slots` of a group's requests costs in summed latency: their completion
+    times (`completions`), plus the wait of the requests expected to arrive while they run
+    (`arrivals_per_s` x makespan of them, each waiting about half the makespan). Without the
+    second term the choice sees only the requests present and steps one at a time whenever that
+    finishes them a little sooner, although batching's throughput would shorten every later
+    request's wait (CPU run with the H200's timings emulated, 2026-12-02)."""
+    total, makespan = completions(remaining, slots, cost)
+    return total + arrivals_per_s * makespan * makespan / 2
 
 
 class ArrivalRate:
@@ -226,17 +239,18 @@ class ArrivalRate:
     def add(self, group: tuple, at: float, steps: int) -> None:
         self.arrivals.setdefault(group, deque()).append((at, steps))
 
-    def steps_per_second(self, now: float) -> dict[tuple, float]:
+    def per_second(self, now: float) -> dict[tuple, tuple[float, float]]:
+        """(requests, denoise steps) arriving per second, per group."""
         rates = {}
         for group, window in self.arrivals.items():
             while window and window[0][0] < now - self.window_s:
                 window.popleft()
             if len(window) < 2:
-                rates[group] = 0.0
+                rates[group] = (0.0, 0.0)
                 continue
             span = now - window[0][0]
             steps = sum(steps for _, steps in window) - window[0][1]
-            rates[group] = steps / span if span > 0 else float("inf")
+            rates[group] = ((len(window) - 1) / span, steps / span) if span > 0 else (float("inf"), float("inf"))
         return rates
 
 
@@ -247,7 +261,7 @@ class CostPolicy:
     target_utilisation: float = 0.8
 
     def needed(self, rates: dict[tuple, float], model: CostModel) -> dict[tuple, float]:
-        """Requests-steps per second each group must run at to serve its arrivals (`rates`) at
+        """Requests-steps per second each group must run at to serve its arriving steps (`rates`) at
         `target_utilisation` of the time the other groups leave it, running at their best. Past
         that, batching more only stretches the rows already running: a latency cost with no
         throughput the load needs (H200 1024px, 2026-12-02: a fixed floor of 0.9 x the best
@@ -272,12 +286,12 @@ class CostPolicy:
             return (1, c.remaining, -c.waited, c.key)
         return sorted(candidates, key=rank)
 
-    def slots(self, members: list[Candidate], cost, need: float = float("inf")) -> int:
+    def slots(self, members: list[Candidate], cost, need: float = float("inf"), arrivals_per_s: float = 0.0) -> int:
         """How many of one group's `members` step this round; `cost(n)` -> seconds or None; `need`:
-        the requests-steps per second the load asks of this group (`needed`). Sized on the group's
-        work in SRPT order (who fills the slots is `order`'s business): sized on an order with
-        overdue requests first, more slots would only serve to run SRPT's choice beside them,
-        which is processor sharing."""
+        the requests-steps per second the load asks of this group (`needed`); `arrivals_per_s`:
+        requests arriving in it per second. Sized on the group's work in SRPT order (who fills the
+        slots is `order`'s business): sized on an order with overdue requests first, more slots
+        would only serve to run SRPT's choice beside them, which is processor sharing."""
         n = len(members)
         if n == 0 or cost(1) is None:
             return n   # nothing measured for this group yet: step all, which measures it
@@ -285,13 +299,15 @@ class CostPolicy:
         best = max(throughput.values())
         allowed = [k for k, t in throughput.items() if t >= min(need, self.throughput_floor * best)]
         remaining = sorted(c.remaining for c in members)
-        return min(allowed, key=lambda k: (sum_of_completions(remaining, k, cost), -k))
+        return min(allowed, key=lambda k: (expected_latency_cost(remaining, k, cost, arrivals_per_s), -k))
 
     def choose(self, candidates: list[Candidate], model: CostModel,
-               rates: dict[tuple, float] | None = None) -> set[str]:
-        """Keys to step now; the rest wait a round. `rates`: each group's arriving steps per second
-        (ArrivalRate); without them every group must run near its best throughput."""
-        need = self.needed(rates, model) if rates is not None else {}
+               rates: dict[tuple, tuple[float, float]] | None = None) -> set[str]:
+        """Keys to step now; the rest wait a round. `rates`: each group's arriving (requests, steps)
+        per second (ArrivalRate.per_second); without them every group must run near its best
+        throughput and no arrivals are expected."""
+        rates = rates or {}
+        need = self.needed({g: steps for g, (_, steps) in rates.items()}, model) if rates else {}
         groups: dict[tuple, list[Candidate]] = {}
         for candidate in candidates:
             groups.setdefault(candidate.group, []).append(candidate)
@@ -301,7 +317,8 @@ class CostPolicy:
         for group, members in groups.items():
             cost = lambda size, group=group: model.estimate(group, size)  # noqa: E731
             ordered = self.order(members, model)
-            plans[group] = ordered[:self.slots(members, cost, need.get(group, float("inf")))]
+            plans[group] = ordered[:self.slots(members, cost, need.get(group, float("inf")),
+                                               rates.get(group, (0.0, 0.0))[0])]
             if cost(1) is None:
                 chosen.update(c.key for c in members)     # unmeasured: step all once, which measures it
                 continue
@@ -337,7 +354,7 @@ class StepScheduler:
         for c in candidates:
             if c.new:   # not stepped yet: seen here once, as the first step is always taken at once
                 self.arrivals.add(c.group, now - c.waited, c.total)
-        return self.policy.choose(candidates, self.model, self.arrivals.steps_per_second(now))
+        return self.policy.choose(candidates, self.model, self.arrivals.per_second(now))
 
     def measure(self, time_forward: Callable[[list], float], states: list, capacity: int, repeats: int = 1) -> None:
         """Profile the cost curve at load: forwards of 1..`capacity` copies of each of `states`
