@@ -688,7 +688,7 @@ main() {
     export REPO_ROOT PY OUT DEADLINE_S DEPLOYMENT MODEL_DIR DEVICE SIZE STEPS WORK START_EPOCH ACCEL_ROWS="${ACCEL_ROWS:-pixart512,pixart1024}" ACCEL_SETTINGS CACHE_SERVED CACHE_SERVED_TIERS CACHE_FRONTIER \
         FAMILY_ROWS="${FAMILY_ROWS:-flux,sd3}"
     export -f log remaining model_ready stage_env stage_build stage_baseline stage_smoke stage_control stage_scheduler collect_control \
-        stage_matrix build_wan_t2v stage_sweeps stage_soak stage_video stage_i2v accel_row stage_accel family_row stage_family run_rows stage_probe stage_cache cache_row
+        stage_matrix build_wan_t2v stage_sweeps stage_soak stage_video stage_i2v accel_row in_flight stage_accel family_row stage_family run_rows stage_probe stage_cache cache_row
     log "stages: ${expanded[*]} (deadline ${DEADLINE_S}s)"
     for s in "${expanded[@]}"; do
         case "$s" in
