@@ -227,10 +227,11 @@ def expected_latency_cost(remaining: list[int], slots: int, cost, arrivals_per_s
 
 
 class ArrivalRate:
-    """Denoise steps arriving per second in each group over the last `window_s` seconds: the
-    throughput that group must keep up with. From the n arrivals in the window: the steps of all
-    but the oldest over the time since the oldest (unbiased for Poisson arrivals; a burst, many at
-    once, reads as a high rate, which asks for the most throughput; a quiet spell lowers it)."""
+    """Requests and denoise steps arriving per second in each group over the last `window_s`
+    seconds: the throughput that group must keep up with, and the arrivals a batch's makespan
+    delays. From the n arrivals in the window: all but the oldest (their count, their steps) over
+    the time since the oldest (unbiased for Poisson arrivals; a burst, many at once, reads as a
+    high rate, which asks for the most throughput; a quiet spell lowers it)."""
 
     def __init__(self, window_s: float = 30.0):
         self.window_s = window_s
