@@ -115,9 +115,9 @@ def render(template: Path, out: Path, deployment: Deployment, gpus: int = 0, pip
     text = re.sub(r"^max_batch_size: \d+", f"max_batch_size: {capacity}", dit.read_text(), flags=re.M)
     text = re.sub(r"max_candidate_sequences: \d+", f"max_candidate_sequences: {capacity}", text)
     dit.write_text(text)
+    count = deployment.engine.generations * max(gpus, 1)   # public instances: generations in flight
     for model in public_models(out):
         config = model / "config.pbtxt"
-        count = deployment.engine.generations * max(gpus, 1)
         config.write_text(re.sub(r"count: \d+", f"count: {count}", config.read_text()))
         name = deployment.task + ("_stream" if model.name.endswith("_stream") else "")
         if model.name != name:

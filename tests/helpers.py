@@ -24,6 +24,8 @@ class StreamCall:
     request: GenerationRequest
     responses: queue.Queue = field(default_factory=queue.Queue)
     progress: list = field(default_factory=list)
+    progress_at: list = field(default_factory=list)   # when each of `progress` arrived (monotonic s)
+    finished_at: float | None = None                  # when `finish` got the media (monotonic s)
     timeout_us: int | None = None   # Triton's request-level `timeout` parameter
     task: str = "txt2img"
 
@@ -42,28 +44,31 @@ class StreamCall:
 
     def wait_progress(self, steps_done: int, timeout: float = 120) -> None:
         while not self.progress or self.progress[-1][0] < steps_done:
-            _, result, error = self.next(timeout)
+            at, result, error = self.next(timeout)
             assert error is None, error
             self.progress.append(tuple(int(v) for v in result.as_numpy("progress")))
+            self.progress_at.append(at)
 
     def finish(self, timeout: float = 120):
         """Collect responses until the media or an error; returns (all progress seen, media)."""
         while True:
-            _, result, error = self.next(timeout)
+            at, result, error = self.next(timeout)
             if error is not None:
                 raise error
             media = result.as_numpy(self.media)
             if media is not None:
+                self.finished_at = at
                 self.close()
                 return self.progress, media
             self.progress.append(tuple(int(v) for v in result.as_numpy("progress")))
+            self.progress_at.append(at)
 
     def outcome(self, timeout: float = 120, quiet_s: float = 0.3) -> tuple[str, object]:
         """The one terminal outcome: (media name, array) or ("error", message); progress is consumed.
 
         Waits `quiet_s` more and fails if anything else arrives (a second terminal response)."""
         while True:
-            _, result, error = self.next(timeout)
+            at, result, error = self.next(timeout)
             if error is not None:
                 kind, value = "error", error.message()
                 break
@@ -72,6 +77,7 @@ class StreamCall:
                 kind, value = self.media, media
                 break
             self.progress.append(tuple(int(v) for v in result.as_numpy("progress")))
+            self.progress_at.append(at)
         time.sleep(quiet_s)
         assert self.responses.empty(), f"a response after the terminal {kind}: {self.responses.get()}"
         self.close()

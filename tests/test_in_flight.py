@@ -4,7 +4,6 @@ generation denoises while another decodes; dit never steps more than its capacit
 result still equals diffusers'."""
 from __future__ import annotations
 
-import queue
 import time
 
 import pytest
@@ -29,24 +28,6 @@ def in_flight_server(tmp_path_factory):
     yield from serve(rendered_server(tmp_path_factory, deployment, TINY_PIXART, "in-flight-server"))
 
 
-def timed_finish(call: StreamCall) -> tuple[float, float, object]:
-    """When `call`'s first progress response and its media arrived (monotonic seconds), and the
-    media; the progress is kept in `call.progress`."""
-    first = None
-    while True:
-        try:
-            at, result, error = call.next(timeout=120)
-        except queue.Empty:
-            raise AssertionError(f"no response for {call.request.prompt!r} in 120 s") from None
-        assert error is None, error
-        media = result.as_numpy(call.media)
-        if media is not None:
-            call.close()
-            return first, at, media
-        call.progress.append(tuple(int(v) for v in result.as_numpy("progress")))
-        first = at if first is None else first
-
-
 def test_a_generation_denoises_while_another_decodes(in_flight_server, diffusers_pixart):
     config = grpcclient.InferenceServerClient(in_flight_server.grpc_url).get_model_config("txt2img_stream").config
     assert sum(group.count for group in config.instance_group) == 2, "public instances = in_flight"
@@ -56,12 +37,10 @@ def test_a_generation_denoises_while_another_decodes(in_flight_server, diffusers
     first = StreamCall(in_flight_server.grpc_url, requests[0]).start()
     time.sleep(0.2)
     second = StreamCall(in_flight_server.grpc_url, requests[1]).start()
-    _, first_done, first_image = timed_finish(first)
-    second_start, _, second_image = timed_finish(second)
+    results = [first.finish(), second.finish()]
 
-    assert second_start < first_done - DECODE_S / 2, \
+    assert second.progress_at[0] < first.finished_at - DECODE_S / 2, \
         "the second generation started denoising while the first one was still decoding"
     assert histogram_above(in_flight_server.metrics_url, "ditserve_step_batch_size", "dit", "1") == big_batches, \
         "dit never stepped more generations than its capacity (1)"
-    assert_each_streamed_and_matches(requests, [(first.progress, first_image), (second.progress, second_image)],
-                                     diffusers_pixart)
+    assert_each_streamed_and_matches(requests, results, diffusers_pixart)
