@@ -184,6 +184,8 @@ def served(args, work: Path, report: dict) -> None:
     variant = work / f"{args.name}.toml"
     cache = {"tiers": parse_tiers(args.cache_tiers)} if args.cache_tiers else None
     engine = {"mode": "step", "capacity": args.capacity, "in_flight": args.in_flight}
+    if args.steps_per_execute:
+        engine["steps_per_execute"] = args.steps_per_execute
     write_variant(Path(args.deployment), variant, engine, "perf/accel_bench.py", accel=accel, cache=cache)
     report["served_deployment"] = variant.read_text()
     repo = work / f"repo-{args.name}"
@@ -258,6 +260,9 @@ def main() -> int:
     ap.add_argument("--capacity", type=int, default=8)
     ap.add_argument("--in-flight", type=int, default=0,
                     help="[engine] in_flight: generations the public models hold at once (0 = capacity)")
+    ap.add_argument("--steps-per-execute", type=int, default=0,
+                    help="[engine] steps_per_execute: denoise steps dit may run per execute while its batch "
+                         "stays the same (0 = the deployment's)")
     ap.add_argument("--accel", nargs="*", default=["transformer=cuda_graphs"], help="[accel] key=value")
     ap.add_argument("--raw-runs", type=int, default=5)
     ap.add_argument("--raw-batches", default="", help="raw batched baseline sizes, e.g. 8,16 (its best is the ceiling)")

@@ -57,7 +57,8 @@
 #             20 steps, solo + closed loop at capacity: 512 at ACCEL_512_CAPACITY (16) with 2x as many
 #             clients and ACCEL_512_BUCKETS (row_buckets=2,8,16,32), 1024 at ACCEL_1024_CAPACITY (8), 2x as many clients; both with
 #             ACCEL_IN_FLIGHT generations in flight (default 1.5 x capacity: [engine] in_flight; a row
-#             ROW@cap, e.g. ACCEL_ROWS=pixart512,pixart512@cap, runs in_flight = capacity); wan: 81x480x832, 10 steps, solo) ->
+#             ROW@cap, e.g. ACCEL_ROWS=pixart512,pixart512@cap, runs in_flight = capacity; ROW@spe1 runs
+#             [engine] steps_per_execute = 1); wan: 81x480x832, 10 steps, solo) ->
 #             $OUT/accel.tgz (perf/accel_bench.py's JSON and server log per row); ~4-5 min per PixArt
 #             row with its build, compile and warm-up (not in `all`); ACCEL_RESTART=1 compiles into a fresh
 #             cache and then starts the server again on it (warm-cache READY and first request; ~+1-2 min)
@@ -353,21 +354,28 @@ stage_video() {
 
 # Issue 23's rows (perf/accel_bench.py: eager diffusers, then the served [accel] variant, in the
 # same call): ACCEL_ROWS picks them, in order. Each row's JSON and server log land in $OUT/accel.tgz
-# after every row, so a call that runs out of time keeps the finished ones. A PixArt row named
-# ROW@cap runs with in_flight = capacity instead (named ROW-inflight-cap): after ROW in the same
-# call it finds the compile cache warm, the A/B of [engine] in_flight.
+# after every row, so a call that runs out of time keeps the finished ones. A PixArt row written
+# ROW@VARIANT changes one thing, for an A/B after ROW in the same call (the compile cache is then
+# warm): ROW@cap runs with in_flight = capacity (named ROW-inflight-cap), ROW@spe1 with
+# steps_per_execute = 1, one denoise step per dit execute (named ROW-spe1).
 accel_row() {
     local common=(--out "$WORK/accel" --accel ${ACCEL_SETTINGS:-transformer=cuda_graphs vae_decode=compile text_encoder=compile})
     [[ -n "${ACCEL_RESTART:-}" ]] && common+=(--restart)
-    local row=${1%@cap} suffix="" cap
-    [[ "$row" != "$1" ]] && suffix=-inflight-cap
+    local row=${1%%@*} variant="" suffix="" cap
+    [[ "$row" != "$1" ]] && variant=${1#*@}
+    case "$variant" in
+        "") ;;
+        cap) suffix=-inflight-cap ;;
+        spe1) suffix=-spe1; common+=(--steps-per-execute 1) ;;
+        *) echo "unknown accel row variant: $1 (ROW@cap or ROW@spe1)"; return 2 ;;
+    esac
     case "$row" in
         pixart512)  model_ready || stage_build || return $?
                     # capacity 16 (run 4 had 8): at 8 the dit was full only part of the time, the other
                     # requests being in T5 or decode, and served throughput stopped at 0.99x raw B=16
                     cap=${ACCEL_512_CAPACITY:-16}
                     "$PY" perf/accel_bench.py --deployment "$DEPLOYMENT" --name "pixart512$suffix" --size 512x512 \
-                        --steps 20 --capacity "$cap" --in-flight "$(in_flight "$cap" "$suffix")" --raw-batches 8,16,32 \
+                        --steps 20 --capacity "$cap" --in-flight "$(in_flight "$cap" "$variant")" --raw-batches 8,16,32 \
                         --concurrency $(( 2 * cap )) --per-client 2 "${common[@]}" ${ACCEL_512_BUCKETS:-row_buckets=2,8,16,32} ;;
         pixart1024) model_ready || stage_build || return $?
                     # twice as many clients as capacity (run 4: as many) and in_flight 1.5 x capacity
@@ -375,19 +383,19 @@ accel_row() {
                     # 0.4-0.6 s each at 1024px, leave dit's slots empty (run 5: 6.2 of 8 busy)
                     cap=${ACCEL_1024_CAPACITY:-8}
                     "$PY" perf/accel_bench.py --deployment "$DEPLOYMENT" --name "pixart1024$suffix" --size 1024x1024 \
-                        --steps 20 --capacity "$cap" --in-flight "$(in_flight "$cap" "$suffix")" --raw-batches 4,8 \
+                        --steps 20 --capacity "$cap" --in-flight "$(in_flight "$cap" "$variant")" --raw-batches 4,8 \
                         --raw-runs 3 --solo 4 --concurrency $(( 2 * cap )) --per-client 2 "${common[@]}" ;;
         wan)        build_wan_t2v || return $?
                     "$PY" perf/accel_bench.py --deployment configs/wan2.1-t2v-1.3b-random.toml --name wan \
                         --size 480x832 --frames 81 --steps 10 --guidance 5 --capacity 1 --raw-runs 2 --solo 2 \
                         "${common[@]}" ;;
-        *) echo "unknown accel row: $1 (pixart512|pixart1024|wan, PixArt rows also ROW@cap)"; return 2 ;;
+        *) echo "unknown accel row: $1 (pixart512|pixart1024|wan, PixArt rows also ROW@cap, ROW@spe1)"; return 2 ;;
     esac
 }
 
-# [engine] in_flight of an accel row at capacity $1: = capacity for a ROW@cap row ($2 set), else
+# [engine] in_flight of an accel row at capacity $1: = capacity for a ROW@cap row ($2 = cap), else
 # ACCEL_IN_FLIGHT (default 1.5 x capacity).
-in_flight() { [[ -n "$2" ]] && echo "$1" || echo "${ACCEL_IN_FLIGHT:-$(( $1 * 3 / 2 ))}"; }
+in_flight() { [[ "$2" == cap ]] && echo "$1" || echo "${ACCEL_IN_FLIGHT:-$(( $1 * 3 / 2 ))}"; }
 
 stage_cache() {
     local rc=0

@@ -105,3 +105,13 @@ def test_in_flight_sets_the_public_instance_count_and_is_checked(tmp_path):
     with pytest.raises(ValueError, match=r"in_flight=4; allowed: 0 \(= capacity\) or an integer >= capacity \(8\)"):
         write_variant(ROOT / "configs" / "pixart-sigma-1024.toml", tmp_path / "bad.toml", {"capacity": 8, "in_flight": 4},
                       "tests/test_render.py")
+
+
+@pytest.mark.parametrize("value", [0, -1, 2.5, True, "8"])
+def test_steps_per_execute_is_checked(tmp_path, value):
+    """`[engine] steps_per_execute` is a count of denoise steps per dit execute: an integer >= 1."""
+    from ditserve.deployment import write_variant
+
+    with pytest.raises(ValueError, match=r"steps_per_execute=.*; allowed: an integer >= 1"):
+        write_variant(ROOT / "configs" / "tiny-pixart-sigma.toml", tmp_path / "bad.toml", {"steps_per_execute": value},
+                      "tests/test_render.py")

@@ -61,6 +61,24 @@ def test_staggered_requests_batch_stepwise_and_each_matches_diffusers(server, di
     _state_table_empties(server)
 
 
+def test_a_lone_generation_takes_several_steps_per_dit_execute(server, diffusers_pixart):
+    """`[engine] steps_per_execute` (default 8): alone in dit, a generation stays in the same execute
+    from step to step instead of a round trip through Triton's sequence batcher per step, yet it
+    streams every step's progress and its image equals diffusers'. (The staggered test above checks
+    that arrivals still join at the next step boundary.)"""
+    _state_table_empties(server)
+    request = GenerationRequest("a quiet lake", seed=5, num_inference_steps=20)
+    before = scrape(server.metrics_url)
+    progress, image = StreamCall(server.grpc_url, request).start().finish()
+    after = scrape(server.metrics_url)
+
+    assert progress == [(i, 20) for i in range(1, 21)]
+    executes = after[("nv_inference_exec_count", "dit")] - before[("nv_inference_exec_count", "dit")]
+    assert executes <= 4, f"{executes:.0f} dit executes for 20 steps at up to 8 steps per execute"
+    assert_matches(image, diffusers_image(diffusers_pixart, request.prompt, request.seed, 20, 4.5))
+    _state_table_empties(server)
+
+
 def test_batched_result_equals_the_solo_result(server):
     solo_request = GenerationRequest("a yellow flower", seed=99, num_inference_steps=10)
     with DitClient(server.grpc_url, "grpc") as client:

@@ -92,6 +92,12 @@ class EngineSection:
     # moment one frees, so dit stays full while other generations encode or decode (H200, 1024px,
     # capacity 8: 6.2 of 8 slots busy on average with in_flight = capacity, 2026-12-02).
     in_flight: int = 0
+    # Step mode: dit runs up to this many denoise steps in one execute while nothing would change
+    # the batch (every generation in dit stepped, none finished, failed or was cancelled, and no
+    # new one waits for a free slot), instead of returning to Triton's sequence batcher after every
+    # step. Progress still goes out at every step and cancels are read at every step; what it
+    # saves is the round trip through Triton per step. 1 = one step per execute.
+    steps_per_execute: int = 8
     # A state whose request has not come back for this long is released (its request
     # was lost, e.g. cancelled while queued for rescheduling).
     gc_idle_seconds: float = 300.0
@@ -326,6 +332,10 @@ def load_deployment(path: str | os.PathLike | None = None) -> Deployment:
     if isinstance(in_flight, bool) or not isinstance(in_flight, int) or (in_flight and in_flight < dep.engine.capacity):
         raise ValueError(f"deployment [engine] in_flight={in_flight!r}; allowed: 0 (= capacity) or an integer >= "
                          f"capacity ({dep.engine.capacity})")
+    steps = dep.engine.steps_per_execute
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"deployment [engine] steps_per_execute={steps!r}; allowed: an integer >= 1 (1 = return "
+                         "to Triton after every step)")
     _check_scheduler(dep.engine)
     _check_accel(dep)
     _check_cache(dep.cache)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 import tempfile
 import uuid
@@ -99,6 +100,15 @@ class ConditioningStore(GenerationFiles):
         with open(partial, "wb") as f:
             f.writelines(serialize(tensors))
         partial.rename(path)
+
+    def waiting(self) -> bool:
+        """Whether a generation's conditioning is here, i.e. handed over (or being written) for a
+        dit request that has not been admitted yet: dit then returns to Triton so it can join."""
+        try:
+            with os.scandir(self.root) as entries:
+                return any(True for _ in entries)
+        except FileNotFoundError:
+            return False
 
     def take(self, key: str) -> dict:
         """Read (as torch tensors) and remove; a missing entry is a KeyError that says why it

@@ -2,10 +2,13 @@
 
 Triton's sequence batcher (`iterative_sequence: true`) hands `execute` every request
 that is ready for its next step: new ones and rescheduled ones. In `step` mode each
-`execute` runs ONE denoise step for the whole batch, sends each request the progress of
+`execute` runs one denoise step for the whole batch, sends each request the progress of
 the step whose NaN/inf check just passed (mostly read one step late, so the GPU does not
 wait on us; engine.py), finishes the ones that are done (final response with CPU latents) and
-reschedules the rest, so requests join and leave at step boundaries.
+reschedules the rest, so requests join and leave at step boundaries. While nothing would
+change the batch (no generation done, failed, cancelled or waiting to join) it runs the next
+step in the same execute, up to `[engine] steps_per_execute`, instead of a round trip
+through Triton.
 `serial` / `request_batch` modes run the batch start to end in one `execute` instead:
 they are the controls that step batching is measured against.
 
@@ -175,11 +178,7 @@ class DitStage:
             now = time.monotonic()
             for key, _ in active:
                 self.present[key] = (self.executes, now)
-            # The scheduler picks who steps; the rest keep their state and are rescheduled unstepped.
-            chosen = self.scheduler.select([self.engine.table[key] for key, _ in active])
-            if len(chosen) < len(active):
-                self.metrics.scheduler_waits.increment(len(active) - len(chosen))
-            self._step([(k, r) for k, r in active if k in chosen])
+            self._step_burst(list(active))
             for key, request in active:
                 if key in self.engine:
                     request.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
@@ -189,6 +188,30 @@ class DitStage:
                 active = [(k, r) for k, r in active if k in self.engine and not self._ended_by_client(r, k)]
         self._collect_garbage({key for key, _ in active})
         return None
+
+    def _step_burst(self, active: list) -> None:
+        """Step mode: one denoise step for the scheduler's pick, repeated (up to `[engine]
+        steps_per_execute`) while the next execute would hold the same batch: each step that
+        stays here saves the round trip through Triton's sequence batcher."""
+        for _ in range(self.deployment.engine.steps_per_execute):
+            # The scheduler picks who steps; the rest keep their state and are rescheduled unstepped.
+            chosen = self.scheduler.select([self.engine.table[key] for key, _ in active])
+            if len(chosen) < len(active):
+                self.metrics.scheduler_waits.increment(len(active) - len(chosen))
+            self._step([(k, r) for k, r in active if k in chosen])
+            going_on = [(k, r) for k, r in active if k in self.engine and not self._ended_by_client(r, k)]
+            if len(chosen) < len(active) or len(going_on) < len(active) or self._others_waiting(len(active)):
+                return
+            active = going_on
+
+    def _others_waiting(self, stepping: int) -> bool:
+        """Whether a generation that is not in this execute could step next: one admitted earlier
+        but not handed back by Triton this time, or a new one handed over while a slot is free
+        (one past capacity could not join before a generation ends, which ends the burst anyway).
+        A direct client's new request is not seen here: it waits at most steps_per_execute steps."""
+        if len(self.engine) > stepping:
+            return True
+        return len(self.engine) < self.deployment.engine.capacity and self.handoff.waiting()
 
     def _admit(self, request, key: str) -> None:
         start = time.monotonic()
