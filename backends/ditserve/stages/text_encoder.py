@@ -11,6 +11,10 @@ negative then prompt), so its outputs already have the shape `dit` takes.
 
 Failures stay with the request that causes them: a batch whose encode fails is retried
 one request at a time, and a request whose embeddings are not finite gets an error.
+
+With CFG most requests keep the deployment's default negative prompt, half of the rows T5 would
+encode: it is encoded once at load and its rows are reused (reused_text.py), as diffusers encodes a
+negative prompt alone, apart from the prompt.
 """
 from __future__ import annotations
 
@@ -22,7 +26,9 @@ from ..adapters.base import instance_device
 from ..deployment import FAMILY_TEXT_CONDITIONING, Deployment
 from ..faults import Subject, injector
 from ..isolation import isolating_failures
+from ..reused_text import ReusedRow
 from .common import TensorSpec, declare, error_response, stage_deployment, warm_up
+from .metrics import counter
 from .torch_io import to_pb
 
 INPUTS = (TensorSpec("text", "TYPE_STRING", (-1,)),)
@@ -48,6 +54,11 @@ class TextEncoderStage:
         self.adapter = adapter_for(self.deployment.model.family)(self.deployment, "text_encoder", instance_device(args))
         self.faults = injector(self.deployment, "text_encoder")
         self.accel_metrics = warm_up(self.adapter, args["model_name"])
+        negative = self.deployment.defaults.negative_prompt
+        self.reused = ReusedRow(negative, self.adapter.encode_prompts([negative])) if self.deployment.uses_cfg else None
+        self.reused_rows = counter("ditserve_text_rows_reused_total",
+                                   "Text rows taken from the default negative prompt's encoding at load instead "
+                                   "of encoded again", args["model_name"])
 
     def execute(self, requests):
         responses: list = [None] * len(requests)
@@ -84,7 +95,12 @@ class TextEncoderStage:
         if not items:
             return
         texts = [t for _, _, request_texts in items for t in request_texts]
-        cond = self.adapter.encode_prompts(texts)
+        if self.reused is None:
+            cond = self.adapter.encode_prompts(texts)
+        else:
+            cond, reused = self.reused.encode(texts, self.adapter.encode_prompts)
+            if reused:
+                self.reused_rows.increment(reused)
         embeds = self.faults.at("encode", [Subject(prompt=t) for t in texts], cond.embeds)
         finite = torch.stack([torch.isfinite(t.flatten(1)).all(dim=1) for t in (embeds, *cond.extra.values())])
         finite = finite.all(dim=0).tolist()
