@@ -413,11 +413,16 @@ class Soak:
         a = self.args
         if not a.target_requests:
             return a.phase_seconds
-        seconds = a.target_requests / (rps * sum(f * w for f, w in zip(a.fractions, a.weights)))
+        seconds = a.target_requests / (rps * self.load_units())
         if a.budget_seconds:
             left = a.budget_seconds - (time.monotonic() - a.t_wall) - a.reserve_seconds
             seconds = min(seconds, left / sum(a.weights))
         return max(5.0, seconds)
+
+    def load_units(self) -> float:
+        """Requests the fraction phases send per second of --phase-seconds per req/s of saturation:
+        the sum over the phases of fraction x length weight."""
+        return sum(f * w for f, w in zip(self.args.fractions, self.args.weights))
 
     def run(self) -> None:
         self.warm_up()
@@ -425,10 +430,8 @@ class Soak:
         self._log(f"saturation {rps:.3f} req/s ({self.saturation['source']})")
         seconds = self.phase_seconds(rps)
         self.saturation["phase_seconds"] = round(seconds, 1)
-        fractions, weights = self.args.fractions, self.args.weights
-        self._log(f"phases of {seconds:.0f} s (x their weight): about "
-                  f"{rps * seconds * sum(f * w for f, w in zip(fractions, weights)):.0f} requests")
-        for k, (fraction, weight) in enumerate(zip(fractions, weights)):
+        self._log(f"phases of {seconds:.0f} s (x their weight): about {rps * seconds * self.load_units():.0f} requests")
+        for k, (fraction, weight) in enumerate(zip(self.args.fractions, self.args.weights)):
             rate = fraction * rps
             entries = self.workload.phase(rate, seconds * weight, seed=self.args.seed * 1000 + k)
             self._log(f"phase {k + 1}: {fraction:g} x saturation, {len(entries)} requests at {rate:.3f} req/s")
