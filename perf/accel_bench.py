@@ -186,6 +186,8 @@ def served(args, work: Path, report: dict) -> None:
     engine = {"mode": "step", "capacity": args.capacity, "in_flight": args.in_flight}
     if args.steps_per_execute:
         engine["steps_per_execute"] = args.steps_per_execute
+    if args.stage_instances:
+        engine["stage_instances"] = args.stage_instances
     write_variant(Path(args.deployment), variant, engine, "perf/accel_bench.py", accel=accel, cache=cache)
     report["served_deployment"] = variant.read_text()
     repo = work / f"repo-{args.name}"
@@ -263,6 +265,9 @@ def main() -> int:
     ap.add_argument("--steps-per-execute", type=int, default=0,
                     help="[engine] steps_per_execute: denoise steps dit may run per execute while its batch "
                          "stays the same (0 = the deployment's)")
+    ap.add_argument("--stage-instances", type=int, default=0,
+                    help="[engine] stage_instances: text_encoder and vae_decode instances per device (0 = the "
+                         "deployment's)")
     ap.add_argument("--accel", nargs="*", default=["transformer=cuda_graphs"], help="[accel] key=value")
     ap.add_argument("--raw-runs", type=int, default=5)
     ap.add_argument("--raw-batches", default="", help="raw batched baseline sizes, e.g. 8,16 (its best is the ceiling)")

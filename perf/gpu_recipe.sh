@@ -58,7 +58,7 @@
 #             clients and ACCEL_512_BUCKETS (row_buckets=2,8,16,32), 1024 at ACCEL_1024_CAPACITY (8), 2x as many clients; both with
 #             ACCEL_IN_FLIGHT generations in flight (default 1.5 x capacity: [engine] in_flight; a row
 #             ROW@cap, e.g. ACCEL_ROWS=pixart512,pixart512@cap, runs in_flight = capacity; ROW@spe1 runs
-#             [engine] steps_per_execute = 1); wan: 81x480x832, 10 steps, solo) ->
+#             [engine] steps_per_execute = 1; ROW@stage1 stage_instances = 1); wan: 81x480x832, 10 steps, solo) ->
 #             $OUT/accel.tgz (perf/accel_bench.py's JSON and server log per row); ~4-5 min per PixArt
 #             row with its build, compile and warm-up (not in `all`); ACCEL_RESTART=1 compiles into a fresh
 #             cache and then starts the server again on it (warm-cache READY and first request; ~+1-2 min)
@@ -357,7 +357,8 @@ stage_video() {
 # after every row, so a call that runs out of time keeps the finished ones. A PixArt row written
 # ROW@VARIANT changes one thing, for an A/B after ROW in the same call (the compile cache is then
 # warm): ROW@cap runs with in_flight = capacity (named ROW-inflight-cap), ROW@spe1 with
-# steps_per_execute = 1, one denoise step per dit execute (named ROW-spe1).
+# steps_per_execute = 1, one denoise step per dit execute (named ROW-spe1), ROW@stage1 with one
+# text_encoder and one vae_decode instance (stage_instances = 1; at capacity 16 the default is 2).
 accel_row() {
     local common=(--out "$WORK/accel" --accel ${ACCEL_SETTINGS:-transformer=cuda_graphs vae_decode=compile text_encoder=compile})
     [[ -n "${ACCEL_RESTART:-}" ]] && common+=(--restart)
@@ -367,7 +368,8 @@ accel_row() {
         "") ;;
         cap) suffix=-inflight-cap ;;
         spe1) suffix=-spe1; common+=(--steps-per-execute 1) ;;
-        *) echo "unknown accel row variant: $1 (ROW@cap or ROW@spe1)"; return 2 ;;
+        stage1) suffix=-stage1; common+=(--stage-instances 1) ;;
+        *) echo "unknown accel row variant: $1 (ROW@cap, ROW@spe1 or ROW@stage1)"; return 2 ;;
     esac
     case "$row" in
         pixart512)  model_ready || stage_build || return $?
@@ -389,7 +391,7 @@ accel_row() {
                     "$PY" perf/accel_bench.py --deployment configs/wan2.1-t2v-1.3b-random.toml --name wan \
                         --size 480x832 --frames 81 --steps 10 --guidance 5 --capacity 1 --raw-runs 2 --solo 2 \
                         "${common[@]}" ;;
-        *) echo "unknown accel row: $1 (pixart512|pixart1024|wan, PixArt rows also ROW@cap, ROW@spe1)"; return 2 ;;
+        *) echo "unknown accel row: $1 (pixart512|pixart1024|wan, PixArt rows also ROW@cap, ROW@spe1, ROW@stage1)"; return 2 ;;
     esac
 }
 

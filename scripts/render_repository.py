@@ -73,14 +73,15 @@ STAGE_BATCH_PER_INSTANCE = 8
 MIN_TEXT_ENCODER_BATCH = 8
 
 
-def stage_sizing(capacity: int) -> dict[str, tuple[int, int]]:
+def stage_sizing(capacity: int, instances: int = 0) -> dict[str, tuple[int, int]]:
     """(instances per device, max_batch_size) of text_encoder and vae_decode for a dit capacity.
 
     A full dit batch that finishes together decodes in one vae_decode execute, and a burst of
     `capacity` arrivals encodes in one text_encoder execute; past STAGE_BATCH_PER_INSTANCE
-    requests per batch each stage gets another instance.
+    requests per batch each stage gets another instance, unless `instances` ([engine]
+    stage_instances) fixes the count.
     """
-    instances = -(-capacity // STAGE_BATCH_PER_INSTANCE)
+    instances = instances or -(-capacity // STAGE_BATCH_PER_INSTANCE)
     return {"text_encoder": (instances, max(capacity, MIN_TEXT_ENCODER_BATCH)), "vae_decode": (instances, capacity)}
 
 
@@ -122,7 +123,7 @@ def render(template: Path, out: Path, deployment: Deployment, gpus: int = 0, pip
         name = deployment.task + ("_stream" if model.name.endswith("_stream") else "")
         if model.name != name:
             model.rename(model.with_name(name))
-    sizing = stage_sizing(capacity)
+    sizing = stage_sizing(capacity, deployment.engine.stage_instances)
     for model, (count, batch) in sizing.items():
         config = out / model / "config.pbtxt"
         text = re.sub(r"^max_batch_size: \d+", f"max_batch_size: {batch}", config.read_text(), flags=re.M)

@@ -85,6 +85,18 @@ def test_stages_around_dit_are_sized_from_its_capacity(tmp_path):
                     "configs/pixart-sigma-1024.toml", "--out", str(out)], check=True)
     assert "max_batch_size: 8" in (out / "vae_decode" / "config.pbtxt").read_text()  # was 4: 2 decodes per batch
     assert "count: 1," in (out / "vae_decode" / "config.pbtxt").read_text()
+    fixed = tmp_path / "one-instance.toml"
+    write_variant(ROOT / "configs" / "pixart-sigma-1024.toml", fixed, {"capacity": 16, "stage_instances": 1},
+                  "tests/test_render.py")
+    out = tmp_path / "repo-fixed"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "render_repository.py"), "--deployment", str(fixed),
+                    "--gpus", "1", "--out", str(out)], check=True)
+    for model in ("text_encoder", "vae_decode"):   # [engine] stage_instances overrides the count, not the batch
+        config = (out / model / "config.pbtxt").read_text()
+        assert "max_batch_size: 16" in config and "{ count: 1, kind: KIND_GPU, gpus: [0] }" in config, model
+    with pytest.raises(ValueError, match=r"stage_instances=-1; allowed: 0 \(from capacity\)"):
+        write_variant(ROOT / "configs" / "pixart-sigma-1024.toml", tmp_path / "bad.toml", {"stage_instances": -1},
+                      "tests/test_render.py")
 
 
 def test_in_flight_sets_the_public_instance_count_and_is_checked(tmp_path):

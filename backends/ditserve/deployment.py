@@ -98,6 +98,10 @@ class EngineSection:
     # step. Progress still goes out at every step and cancels are read at every step; what it
     # saves is the round trip through Triton per step. 1 = one step per execute.
     steps_per_execute: int = 8
+    # Instances per device of text_encoder and vae_decode; 0 = from capacity (one per 8 requests of
+    # it: scripts/render_repository.py stage_sizing). On one GPU each instance is a CUDA context of
+    # its own that time-slices the GPU with dit's (and a second T5 copy: ~9.5 GB for PixArt-Sigma).
+    stage_instances: int = 0
     # A state whose request has not come back for this long is released (its request
     # was lost, e.g. cancelled while queued for rescheduling).
     gc_idle_seconds: float = 300.0
@@ -336,6 +340,10 @@ def load_deployment(path: str | os.PathLike | None = None) -> Deployment:
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"deployment [engine] steps_per_execute={steps!r}; allowed: an integer >= 1 (1 = return "
                          "to Triton after every step)")
+    count = dep.engine.stage_instances
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise ValueError(f"deployment [engine] stage_instances={count!r}; allowed: 0 (from capacity) or an integer "
+                         ">= 1 (instances per device of text_encoder and vae_decode)")
     _check_scheduler(dep.engine)
     _check_accel(dep)
     _check_cache(dep.cache)
