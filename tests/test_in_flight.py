@@ -12,7 +12,7 @@ import tritonclient.grpc as grpcclient
 from conftest import ROOT, TINY_PIXART, rendered_server, serve
 from ditserve.client import GenerationRequest
 from ditserve.deployment import write_variant
-from helpers import StreamCall, histogram_above
+from helpers import StreamCall, histogram_above, scrape
 from test_step_batching import assert_each_streamed_and_matches
 
 DECODE_S = 2.0   # every VAE decode sleeps this long (fault injection), standing in for a slow decode
@@ -34,6 +34,7 @@ def test_a_generation_denoises_while_another_decodes(in_flight_server, diffusers
     requests = [GenerationRequest("a red cat", seed=1, num_inference_steps=8),
                 GenerationRequest("a blue bird", seed=2, num_inference_steps=8)]
     big_batches = histogram_above(in_flight_server.metrics_url, "ditserve_step_batch_size", "dit", "1")
+    executes = scrape(in_flight_server.metrics_url)[("nv_inference_exec_count", "dit")]
     first = StreamCall(in_flight_server.grpc_url, requests[0]).start()
     time.sleep(0.2)
     second = StreamCall(in_flight_server.grpc_url, requests[1]).start()
@@ -44,3 +45,7 @@ def test_a_generation_denoises_while_another_decodes(in_flight_server, diffusers
     assert histogram_above(in_flight_server.metrics_url, "ditserve_step_batch_size", "dit", "1") == big_batches, \
         "dit never stepped more generations than its capacity (1)"
     assert_each_streamed_and_matches(requests, results, diffusers_pixart)
+    # With dit full, a handed-over generation waiting for the slot cannot join before the running one
+    # ends, so the running one keeps stepping in one execute ([engine] steps_per_execute, default 8).
+    executes = scrape(in_flight_server.metrics_url)[("nv_inference_exec_count", "dit")] - executes
+    assert executes <= 4, f"{executes:.0f} dit executes for two 8-step generations"
