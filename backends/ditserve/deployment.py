@@ -333,21 +333,26 @@ def load_deployment(path: str | os.PathLike | None = None) -> Deployment:
     if dep.engine.capacity < 1:
         raise ValueError(f"deployment [engine] capacity={dep.engine.capacity}; must be >= 1")
     in_flight = dep.engine.in_flight
-    if isinstance(in_flight, bool) or not isinstance(in_flight, int) or (in_flight and in_flight < dep.engine.capacity):
+    if not _integer(in_flight) or (in_flight and in_flight < dep.engine.capacity):
         raise ValueError(f"deployment [engine] in_flight={in_flight!r}; allowed: 0 (= capacity) or an integer >= "
                          f"capacity ({dep.engine.capacity})")
     steps = dep.engine.steps_per_execute
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+    if not _integer(steps) or steps < 1:
         raise ValueError(f"deployment [engine] steps_per_execute={steps!r}; allowed: an integer >= 1 (1 = return "
                          "to Triton after every step)")
     count = dep.engine.stage_instances
-    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+    if not _integer(count) or count < 0:
         raise ValueError(f"deployment [engine] stage_instances={count!r}; allowed: 0 (from capacity) or an integer "
                          ">= 1 (instances per device of text_encoder and vae_decode)")
     _check_scheduler(dep.engine)
     _check_accel(dep)
     _check_cache(dep.cache)
     return dep
+
+
+def _integer(value) -> bool:
+    """An int as TOML gives one: `true` is a bool to TOML, though Python counts bools as ints."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _check_scheduler(engine: EngineSection) -> None:
@@ -392,7 +397,7 @@ def _check_accel(dep: Deployment) -> None:
             raise ValueError(f"deployment [accel] {key}={getattr(accel, key)!r}; allowed: {', '.join(allowed)}")
     if not isinstance(accel.fp8, bool):
         raise ValueError(f"deployment [accel] fp8={accel.fp8!r}; allowed: true, false")
-    if not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in accel.row_buckets):
+    if not all(_integer(b) and b >= 1 for b in accel.row_buckets):
         raise ValueError(f"deployment [accel] row_buckets={list(accel.row_buckets)}; allowed: a list of "
                          "integers >= 1, e.g. [1, 2, 4, 8]")
     need = 2 * dep.engine.capacity

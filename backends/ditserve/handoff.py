@@ -106,7 +106,7 @@ class ConditioningStore(GenerationFiles):
         dit request that has not been admitted yet: dit then returns to Triton so it can join."""
         try:
             with os.scandir(self.root) as entries:
-                return any(True for _ in entries)
+                return next(entries, None) is not None
         except FileNotFoundError:
             return False
 
