@@ -12,6 +12,10 @@ synchronised calls), written to FILE after every row so that a cut run still rep
                  2026-12-01); FP8 (ditserve/fp8.py) eager, compiled and compiled in a graph
                  (`--only forward1024x2,compile1024x2,fp8_1024x2,forward1024x8,compile1024x8,fp8_1024x8`
                  for the bf16-vs-FP8 rows alone, ~4 min)
+  attn           the forward in a CUDA graph with each SDPA backend first (flash, efficient,
+                 cudnn), and one block's bare self-/cross-attention per backend
+                 (`--only forward1024x2,attn1024x2,forward1024x8,attn1024x8`, ~1 min);
+                 compile_cudnn: compiled and graphed with cuDNN attention first
   vae / text     the VAE decode and the T5 encoder, eager vs compiled
 Rows run in priority order and stop at the deadline (compiles take 10-70 s each).
 """
@@ -176,6 +180,42 @@ def main() -> int:
                    eager_graph_speedup=round(eager_ms[(size, rows)] / graph_ms, 3),
                    eager_graph_rel_rms=rel_rms(replay(), references[(size, rows)]))
 
+    # 2b. which scaled-dot-product-attention kernel: each backend first in torch's priority order
+    #     (the others behind it, so a call it cannot take still runs), the forward in a CUDA graph;
+    #     plus the bare self- and cross-attention calls of one block with that backend alone.
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    backends = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+                "cudnn": SDPBackend.CUDNN_ATTENTION}
+    heads, head_dim = transformer.config.num_attention_heads, transformer.config.attention_head_dim
+    for size, rows in [(1024, 2), (1024, 8), (512, 16)]:
+        name = f"attn{size}x{rows}"
+        if (size, rows) not in eager_ms or not wanted(name, 20):
+            continue
+        x = inputs(size, rows)
+        tokens = (size // 16) ** 2
+        g = torch.Generator("cuda").manual_seed(1)
+        q = torch.randn(rows, heads, tokens, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
+        kv = torch.randn(rows, heads, 300, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
+        bias = torch.zeros(rows, heads, 1, 300, device="cuda", dtype=torch.bfloat16)
+        bias[..., 20:] = -10000.0
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        row = {"name": name, "tokens": tokens, "heads": heads, "head_dim": head_dim}
+        for label, backend in backends.items():
+            order = [backend] + [b for b in backends.values() if b != backend] + [SDPBackend.MATH]
+            with torch.no_grad():
+                for kind, call in (("self", lambda: sdpa(q, q, q)), ("cross", lambda: sdpa(q, kv, kv, attn_mask=bias))):
+                    try:
+                        with sdpa_kernel([backend]):
+                            row[f"{label}_{kind}_ms"] = timed(call, args.iters)
+                    except RuntimeError as exc:
+                        row[f"{label}_{kind}_ms"] = f"unsupported: {str(exc).splitlines()[0][:120]}"
+                with sdpa_kernel(order, set_priority=True):
+                    replay = graphed(forward, x)
+                    row[f"{label}_forward_graph_ms"] = timed(replay, args.iters)
+                    row[f"{label}_rel_rms"] = rel_rms(replay(), references[(size, rows)])
+                del replay
+        record(**row)
+
     # 3. compiled with static shapes (one compile per shape), then that in a CUDA graph
     compiled = torch.compile(forward, dynamic=False)
     for size, rows in [(1024, 2), (512, 2), (512, 16), (1024, 8)]:
@@ -184,6 +224,21 @@ def main() -> int:
             continue
         record(name=name, **compiled_and_graphed(compiled, inputs(size, rows), references[(size, rows)],
                                                  eager_ms[(size, rows)], args.iters))
+
+    # 3b. compiled and graphed with cuDNN attention first: the SDPA kernel is chosen while dynamo
+    #     traces, so dynamo is reset, the AOT-autograd cache is off (a cuDNN compile hit the flash
+    #     entry of section 3 on 2026-12-02) and the compile runs inside the priority context.
+    for size, rows in [(1024, 2), (1024, 8)]:
+        name = f"compile_cudnn{size}x{rows}"
+        if (size, rows) not in eager_ms or not wanted(name, 90):
+            continue
+        torch._dynamo.reset()
+        torch._functorch.config.enable_autograd_cache = False   # its key leaves out the SDPA choice
+        order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                 SDPBackend.MATH]
+        with sdpa_kernel(order, set_priority=True):
+            record(name=name, **compiled_and_graphed(torch.compile(forward, dynamic=False), inputs(size, rows),
+                                                     references[(size, rows)], eager_ms[(size, rows)], args.iters))
 
     # 4. the VAE decode compiled (static), at both sizes
     decode = torch.compile(lambda z: pipe.vae.decode(z, return_dict=False)[0], dynamic=False)

@@ -58,7 +58,8 @@
 #             clients and ACCEL_512_BUCKETS (row_buckets=2,8,16,32), 1024 at ACCEL_1024_CAPACITY (8), 2x as many clients; both with
 #             ACCEL_IN_FLIGHT generations in flight (default 1.5 x capacity: [engine] in_flight; a row
 #             ROW@cap, e.g. ACCEL_ROWS=pixart512,pixart512@cap, runs in_flight = capacity; ROW@spe1 runs
-#             [engine] steps_per_execute = 1; ROW@stage1 stage_instances = 1); wan: 81x480x832, 10 steps, solo) ->
+#             [engine] steps_per_execute = 1; ROW@stage1 stage_instances = 1; ROW@cudnn [accel] attention =
+#             "cudnn"); wan: 81x480x832, 10 steps, solo; wan@cudnn) ->
 #             $OUT/accel.tgz (perf/accel_bench.py's JSON and server log per row); ~4-5 min per PixArt
 #             row with its build, compile and warm-up (not in `all`); ACCEL_RESTART=1 compiles into a fresh
 #             cache and then starts the server again on it (warm-cache READY and first request; ~+1-2 min)
@@ -358,7 +359,8 @@ stage_video() {
 # ROW@VARIANT changes one thing, for an A/B after ROW in the same call (the compile cache is then
 # warm): ROW@cap runs with in_flight = capacity (named ROW-inflight-cap), ROW@spe1 with
 # steps_per_execute = 1, one denoise step per dit execute (named ROW-spe1), ROW@stage1 with one
-# text_encoder and one vae_decode instance (stage_instances = 1; at capacity 16 the default is 2).
+# text_encoder and one vae_decode instance (stage_instances = 1; at capacity 16 the default is 2),
+# ROW@cudnn with [accel] attention = "cudnn" (named ROW-cudnn).
 accel_row() {
     local common=(--out "$WORK/accel" --accel ${ACCEL_SETTINGS:-transformer=cuda_graphs vae_decode=compile text_encoder=compile})
     [[ -n "${ACCEL_RESTART:-}" ]] && common+=(--restart)
@@ -369,7 +371,8 @@ accel_row() {
         cap) suffix=-inflight-cap ;;
         spe1) suffix=-spe1; common+=(--steps-per-execute 1) ;;
         stage1) suffix=-stage1; common+=(--stage-instances 1) ;;
-        *) echo "unknown accel row variant: $1 (ROW@cap, ROW@spe1 or ROW@stage1)"; return 2 ;;
+        cudnn) suffix=-cudnn; common+=(attention=cudnn) ;;   # appended to --accel's values
+        *) echo "unknown accel row variant: $1 (ROW@cap, ROW@spe1, ROW@stage1 or ROW@cudnn)"; return 2 ;;
     esac
     case "$row" in
         pixart512)  model_ready || stage_build || return $?
@@ -388,10 +391,10 @@ accel_row() {
                         --steps 20 --capacity "$cap" --in-flight "$(in_flight "$cap" "$variant")" --raw-batches 4,8 \
                         --raw-runs 3 --solo 4 --concurrency $(( 2 * cap )) --per-client 2 "${common[@]}" ;;
         wan)        build_wan_t2v || return $?
-                    "$PY" perf/accel_bench.py --deployment configs/wan2.1-t2v-1.3b-random.toml --name wan \
+                    "$PY" perf/accel_bench.py --deployment configs/wan2.1-t2v-1.3b-random.toml --name "wan$suffix" \
                         --size 480x832 --frames 81 --steps 10 --guidance 5 --capacity 1 --raw-runs 2 --solo 2 \
                         "${common[@]}" ;;
-        *) echo "unknown accel row: $1 (pixart512|pixart1024|wan, PixArt rows also ROW@cap, ROW@spe1, ROW@stage1)"; return 2 ;;
+        *) echo "unknown accel row: $1 (pixart512|pixart1024|wan, PixArt rows also ROW@cap, ROW@spe1, ROW@stage1; any ROW@cudnn)"; return 2 ;;
     esac
 }
 

@@ -5,6 +5,10 @@
 # The wheels are unpacked into one xz archive (about half their size) that .gpu/env.sh extracts
 # into its venv instead of pip-installing them; installing a wheel with --no-compile --target
 # into an empty site-packages is the same unpacking.
+# It also marks the image's scipy and scikit-learn absent in that venv: both are built for numpy 2,
+# and since 2026-12-02 the image's transformers imports scikit-learn when it finds it (diffusers ->
+# peft -> transformers.generation), which fails under the numpy 1.26 the Python backend needs.
+# A .pth line sets sys.modules[name] = None: find_spec then answers None and import raises ImportError.
 #
 #   bash scripts/slim_gpu_bundle.sh          (from the checkout root, after make_gpu_bundle.sh)
 set -euo pipefail
@@ -24,6 +28,7 @@ for wheel in $G/whl/*.whl; do
 done
 echo "slim_gpu_bundle: packing $(du -sh "$site" | cut -f1) into $G/site.txz (xz, ~30 s)"
 tar cJf $G/site.txz -C "$site" .
-sed -i 's|^python3 -m pip install .*\$_G/whl/\*\.whl.*$|tar xJf $_G/site.txz -C $_SITE   # the wheels, unpacked (scripts/slim_gpu_bundle.sh)|' $G/env.sh
+HIDE='import sys; sys.modules.update(dict.fromkeys(("scipy", "sklearn")))'
+sed -i "s|^python3 -m pip install .*\\\$_G/whl/\\*\\.whl.*\$|tar xJf \$_G/site.txz -C \$_SITE   # the wheels, unpacked (scripts/slim_gpu_bundle.sh)\necho '$HIDE' > \$_SITE/00_numpy2_only_absent.pth|" $G/env.sh
 rm -rf $G/whl
 echo "slim_gpu_bundle: $G is now $(du -sh $G | cut -f1)"

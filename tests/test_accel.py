@@ -21,8 +21,10 @@ from test_step_batching import assert_each_streamed_and_matches
 from test_txt2img import assert_matches
 
 BASE = ROOT / "configs" / "tiny-pixart-sigma.toml"
+# attention = "cudnn" too: on CPU cuDNN cannot take the call and torch falls through to its CPU
+# kernels, so the images must still match; the GPU effect is in perf/results
 ACCEL = {"transformer": "compile", "compile_backend": "aot_eager", "warm_sizes": ["64x64"],
-         "text_encoder": "compile"}
+         "text_encoder": "compile", "attention": "cudnn"}
 
 
 @pytest.fixture(scope="module")
@@ -168,12 +170,29 @@ def test_runner_pads_to_the_bucket_and_returns_the_real_rows():
     assert seen[-1] == 3 and runner.calls == {"compiled": 1, "eager": 1}
 
 
+def test_cudnn_attention_goes_first_in_the_sdpa_priority_and_compiles_apart(monkeypatch, tmp_path):
+    from torch.nn.attention import SDPBackend
+    from ditserve import accel as accel_module
+    before = torch._C._get_sdp_priority_order()
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    section = AccelSection(attention="cudnn", compile_cache=str(tmp_path / "cache"))
+    try:
+        accel_module.prefer_attention(section)
+        assert torch._C._get_sdp_priority_order()[0] == int(SDPBackend.CUDNN_ATTENTION)
+        accel_module.configure_compiler(section)   # its own inductor cache: the AOT key omits the choice
+        assert accel_module.os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cache" / "attention-cudnn")
+    finally:
+        accel_module._HELD.close()
+    assert torch._C._get_sdp_priority_order() == before
+
+
 @pytest.mark.parametrize("accel, message", [
     ({"transformer": "fast"}, "[accel] transformer='fast'; allowed: eager, compile, cuda_graphs"),
     ({"vae_decode": "graphs"}, "[accel] vae_decode='graphs'; allowed: eager, compile"),
     ({"text_encoder": 1}, "[accel] text_encoder=1; allowed: eager, compile"),
     ({"fp8": "yes"}, "[accel] fp8='yes'; allowed: true, false"),
     ({"scheduler_step": "vectorised"}, "[accel] scheduler_step='vectorised'; allowed: batched, per_request"),
+    ({"attention": "flash3"}, "[accel] attention='flash3'; allowed: default, cudnn"),
     ({"row_buckets": [1, 2]}, "must reach 8 rows"),
     ({"row_buckets": [0, 8]}, "allowed: a list of integers >= 1"),
     ({"warm_sizes": ["64"]}, "warm_sizes entry '64' is not HxW"),

@@ -29,15 +29,38 @@ from .state import TextConditioning
 RECOMPILE_LIMIT = 64
 
 
+# Process-wide settings entered once and held until the process exits.
+_HELD = contextlib.ExitStack()
+
+
 def configure_compiler(accel: AccelSection) -> None:
     """Process-wide compiler settings, set before the first compile."""
-    if accel.compile_cache:
-        os.makedirs(accel.compile_cache, exist_ok=True)
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = accel.compile_cache
+    cache = accel.compile_cache
+    if accel.attention != "default":
+        # The SDPA kernel is picked while dynamo traces, but inductor's AOT-autograd cache key
+        # leaves the choice out (on the H200 a cuDNN compile hit the flash entry of an earlier
+        # compile): each attention choice gets its own cache directory.
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+        cache = os.path.join(cache or cache_dir(), f"attention-{accel.attention}")
+    if cache:
+        os.makedirs(cache, exist_ok=True)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
     import torch._dynamo
     for name in ("recompile_limit", "cache_size_limit"):  # the name changed across torch releases
         if hasattr(torch._dynamo.config, name):
             setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), RECOMPILE_LIMIT))
+
+
+def prefer_attention(accel: AccelSection) -> None:
+    """dit's process: [accel] attention = "cudnn" puts cuDNN's fused attention first in torch's
+    SDPA priority, before anything is compiled or captured; calls cuDNN cannot take (a head dim
+    it lacks, a CPU tensor) fall through to flash, memory-efficient, then math."""
+    if accel.attention == "default":
+        return
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+             SDPBackend.MATH]
+    _HELD.enter_context(sdpa_kernel(order, set_priority=True))
 
 
 def _tensors(args: tuple, kwargs: dict) -> list[tuple[str, torch.Tensor]]:

@@ -31,7 +31,7 @@ from typing import Callable, ClassVar
 import torch
 from diffusers.utils.torch_utils import randn_tensor
 
-from ..accel import TransformerRunner, WarmCompiled, WarmupReport, warm_attribute, warming
+from ..accel import TransformerRunner, WarmCompiled, WarmupReport, prefer_attention, warm_attribute, warming
 from ..fp8 import apply_fp8
 from ..batched_step import BatchedSolver, solver_for, warn_fallback
 from ..cache import RowCache, first_block_cache
@@ -105,6 +105,7 @@ class FamilyAdapter(ABC):
         text encoder / VAE decode. Compiling happens in `warm_up`, never on the request path."""
         accel = self.deployment.accel
         if stage == "dit":
+            prefer_attention(accel)
             for module in self.transformer_modules:
                 if accel.fp8:
                     apply_fp8(getattr(self.pipe, module))
