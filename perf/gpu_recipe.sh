@@ -59,7 +59,8 @@
 #             ACCEL_IN_FLIGHT generations in flight (default 1.5 x capacity: [engine] in_flight; a row
 #             ROW@cap, e.g. ACCEL_ROWS=pixart512,pixart512@cap, runs in_flight = capacity; ROW@spe1 runs
 #             [engine] steps_per_execute = 1; ROW@stage1 stage_instances = 1; ROW@cudnn [accel] attention =
-#             "cudnn"); wan: 81x480x832, 10 steps, solo; wan@cudnn) ->
+#             "cudnn"); wan: 81x480x832, 10 steps, solo; shapes: the trained tiny model in bf16 at 64x64
+#             (perf/deployments/tiny-pixart-shapes-bf16.toml), for the PSNR on trained weights) ->
 #             $OUT/accel.tgz (perf/accel_bench.py's JSON and server log per row); ~4-5 min per PixArt
 #             row with its build, compile and warm-up (not in `all`); ACCEL_RESTART=1 compiles into a fresh
 #             cache and then starts the server again on it (warm-cache READY and first request; ~+1-2 min)
@@ -390,11 +391,15 @@ accel_row() {
                     "$PY" perf/accel_bench.py --deployment "$DEPLOYMENT" --name "pixart1024$suffix" --size 1024x1024 \
                         --steps 20 --capacity "$cap" --in-flight "$(in_flight "$cap" "$variant")" --raw-batches 4,8 \
                         --raw-runs 3 --solo 4 --concurrency $(( 2 * cap )) --per-client 2 "${common[@]}" ;;
+        shapes)     # trained weights (committed): the PSNR of the served [accel] path against eager
+                    "$PY" perf/accel_bench.py --deployment perf/deployments/tiny-pixart-shapes-bf16.toml \
+                        --name "shapes$suffix" --size 64x64 --prompt "a red circle on a blue background" --steps 20 \
+                        --capacity 4 --raw-runs 3 --solo 3 "${common[@]}" ;;
         wan)        build_wan_t2v || return $?
                     "$PY" perf/accel_bench.py --deployment configs/wan2.1-t2v-1.3b-random.toml --name "wan$suffix" \
                         --size 480x832 --frames 81 --steps 10 --guidance 5 --capacity 1 --raw-runs 2 --solo 2 \
                         "${common[@]}" ;;
-        *) echo "unknown accel row: $1 (pixart512|pixart1024|wan, PixArt rows also ROW@cap, ROW@spe1, ROW@stage1; any ROW@cudnn)"; return 2 ;;
+        *) echo "unknown accel row: $1 (pixart512|pixart1024|wan|shapes, PixArt rows also ROW@cap, ROW@spe1, ROW@stage1; any ROW@cudnn)"; return 2 ;;
     esac
 }
 
