@@ -16,12 +16,12 @@ import pytest
 import torch
 from tritonclient.utils import InferenceServerException
 
-from conftest import ROOT, diffusers_image
+from conftest import ROOT, TINY_SHAPES, diffusers_image, rendered_server, serve
 from ditserve.cache import RowCache, apply_first_block_cache, relative_change
 from ditserve.client import DitClient, GenerationRequest
 from ditserve.deployment import load_deployment, write_variant
 from ditserve.schema import InvalidRequest, decode_request
-from helpers import cancel_mid_denoise, histogram_above, run_staggered, scrape, wait_for_metric
+from helpers import StreamCall, cancel_mid_denoise, histogram_above, run_staggered, scrape, wait_for_metric
 from test_txt2img import assert_matches
 
 SHAPES = ROOT / "configs" / "tiny-pixart-shapes.toml"
@@ -193,3 +193,41 @@ def test_lossless_beside_fast_in_step_batches_equals_its_solo_result(shapes_serv
     assert scrape(shapes_server.metrics_url).get(("ditserve_cache_hits_total", "dit"), 0.0) > hits
     for _, media in (results[1], results[3]):   # as exact as plain step batching (see the in-process test)
         assert_matches(media, solo)
+
+
+# ---- the other engine modes ----------------------------------------------------------------
+@pytest.fixture(scope="module", params=["serial", "request_batch"])
+def shapes_mode_server(request, tmp_path_factory):
+    """The trained tiny model with its tiers in another engine mode (serial: capacity 1;
+    request_batch: capacity 4, whole requests batched by Triton's dynamic batcher)."""
+    mode = request.param
+    deployment = tmp_path_factory.mktemp(f"shapes-{mode}") / f"shapes-{mode}.toml"
+    write_variant(SHAPES, deployment, {"mode": mode, "capacity": 1 if mode == "serial" else 4}, "tests/test_cache.py")
+    for server in serve(rendered_server(tmp_path_factory, deployment, TINY_SHAPES, f"shapes-{mode}")):
+        yield mode, server
+
+
+def test_tiers_work_the_same_in_serial_and_request_batch_modes(shapes_mode_server, fast_solo, diffusers_shapes):  # noqa: F811
+    """A `fast` request alone reuses the same steps and gives the same image as in step mode;
+    `lossless` sent together with `fast` ones (batched in request_batch mode) still equals
+    diffusers, and the `fast` ones still reuse."""
+    mode, server = shapes_mode_server
+    with DitClient(server.grpc_url, "grpc") as client:
+        alone = client.generate(FAST)
+    assert alone.cache_hits == fast_solo[0].cache_hits > 0, mode
+    assert_matches(alone.media, fast_solo[0].media)
+    lossless = GenerationRequest(PROMPT, seed=5, num_inference_steps=STEPS)
+    hits = scrape(server.metrics_url).get(("ditserve_cache_hits_total", "dit"), 0.0)
+    shared = histogram_above(server.metrics_url, "ditserve_step_batch_size", "dit", "1")
+    calls = [StreamCall(server.grpc_url, r).start() for r in (FAST, lossless, FAST)]
+    finished = [call.finish() for call in calls]
+    batched = histogram_above(server.metrics_url, "ditserve_step_batch_size", "dit", "1") - shared
+    # serial never batches; request_batch batched at least the two that queued behind the first
+    assert (batched == 0) if mode == "serial" else (batched > 0), (mode, batched)
+    assert_matches(finished[1][1], diffusers_image(diffusers_shapes, PROMPT, 5, STEPS, 4.5))
+    for progress, _ in (finished[0], finished[2]):
+        assert progress == [(i, STEPS) for i in range(1, STEPS + 1)]
+    # batched, a fast row's decision may flip where its change sits at the threshold: reuse, not
+    # the exact count, is what holds
+    assert wait_for_metric(server.metrics_url, "ditserve_cache_hits_total", "dit",
+                           hits + 2 * fast_solo[0].cache_hits) > hits
