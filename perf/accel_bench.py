@@ -32,6 +32,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -118,24 +119,38 @@ def start_ready(args, repo: Path, variant: Path, log_path: Path) -> tuple[Triton
     return server, round(time.perf_counter() - t0, 1)
 
 
-def timed_generation(url: str, args, seed: int, quality: str | None = None) -> tuple[float, np.ndarray, int]:
-    """One streamed generation: (client milliseconds, its media, the steps its tier reused)."""
+@dataclass
+class Timed:
+    """One streamed generation as the client saw it."""
+
+    ms: float              # request sent to media received
+    media: np.ndarray
+    cache_hits: int        # steps its tier reused
+    first_step_ms: float   # request sent to its first progress response (time to first step)
+
+
+def timed_generation(url: str, args, seed: int, quality: str | None = None) -> Timed:
+    """One streamed generation, timed to its first step and to its media."""
+    first: list[float] = []
     start = time.perf_counter()
     with DitClient(url, protocol="grpc-stream") as client:
-        result = client.generate(request(args, seed, quality), timeout_s=600)
-    return (time.perf_counter() - start) * 1000, result.media, result.cache_hits
+        result = client.generate(request(args, seed, quality), timeout_s=600,
+                                 on_progress=lambda done, total: first or first.append(time.perf_counter()))
+    end = time.perf_counter()
+    return Timed((end - start) * 1000, result.media, result.cache_hits, ((first or [end])[0] - start) * 1000)
 
 
 def closed_loop(url: str, args, quality: str | None = None) -> dict:
     """`--concurrency` clients, `--per-client` streamed generations each, one after another."""
-    done, hits, errors = [], [], []
+    done, hits, first_steps, errors = [], [], [], []
 
     def client(i: int) -> None:
         for k in range(args.per_client):
             try:
-                ms, _, reused = timed_generation(url, args, 100 + i * args.per_client + k, quality)
-                done.append(ms)
-                hits.append(reused)
+                timed = timed_generation(url, args, 100 + i * args.per_client + k, quality)
+                done.append(timed.ms)
+                hits.append(timed.cache_hits)
+                first_steps.append(timed.first_step_ms)
             except Exception as exc:  # noqa: BLE001  (recorded, the run goes on)
                 errors.append(f"{type(exc).__name__}: {exc}"[:300])
 
@@ -148,6 +163,7 @@ def closed_loop(url: str, args, quality: str | None = None) -> dict:
     wall = time.perf_counter() - start
     return {"clients": args.concurrency, "requests": len(done), "errors": errors, "wall_s": round(wall, 2),
             "generations_per_s": round(len(done) / wall, 3), "p50_ms": round(statistics.median(done), 1) if done else None,
+            "first_step_p50_ms": round(statistics.median(first_steps), 1) if first_steps else None,
             "cache_hits_mean": round(statistics.mean(hits), 2) if hits else None}
 
 
@@ -161,10 +177,10 @@ def lossy_tier(url: str, args, tier: str, lossless: dict, lossless_media: np.nda
     """Solo p50, closed-loop throughput, steps reused and PSNR against lossless of one cache tier."""
     out: dict = {}
     solo = [timed_generation(url, args, 1, tier) for _ in range(args.solo)]
-    out["solo_ms"] = [round(ms, 1) for ms, _, _ in solo]
+    out["solo_ms"] = [round(timed.ms, 1) for timed in solo]
     out["solo_p50_ms"] = round(statistics.median(out["solo_ms"]), 1)
-    out["cache_hits_seed1"] = solo[0][2]
-    out["psnr_vs_lossless_db"] = round(psnr(solo[0][1], lossless_media), 2)
+    out["cache_hits_seed1"] = solo[0].cache_hits
+    out["psnr_vs_lossless_db"] = round(psnr(solo[0].media, lossless_media), 2)
     out["ratios"] = {"solo_p50_vs_lossless": round(out["solo_p50_ms"] / lossless["solo_p50_ms"], 3)}
     if args.concurrency > 1:
         out["concurrent"] = closed_loop(url, args, tier)
@@ -196,11 +212,13 @@ def served(args, work: Path, report: dict) -> None:
     server, report["ready_s"] = start_ready(args, repo, variant, work / f"server-{args.name}.log")
     try:
         print(f"[accel] READY after {report['ready_s']} s", flush=True)
-        media = {}
+        media, first_steps = {}, []
 
         def one(seed: int) -> float:
-            ms, media[seed], _ = timed_generation(server.grpc_url, args, seed)
-            return ms
+            timed = timed_generation(server.grpc_url, args, seed)
+            media[seed] = timed.media
+            first_steps.append(timed.first_step_ms)
+            return timed.ms
 
         warm_client_process(server.grpc_url, args)
         start_scrape = loadgen.scrape(server.metrics_url)
@@ -211,9 +229,15 @@ def served(args, work: Path, report: dict) -> None:
         report["solo_split"] = loadgen.where_time_goes(first_scrape, loadgen.scrape(server.metrics_url))
         report["solo_ms"] = [round(x, 1) for x in solo]
         report["solo_p50_ms"] = round(statistics.median(solo), 1)
+        # issue 22's bound on the time to first step: one dit step + 50 ms
+        report["solo_first_step_ms"] = [round(x, 1) for x in first_steps[1:]]
+        report["solo_first_step_p50_ms"] = round(statistics.median(first_steps[1:]), 1)
+        step_ms = report["solo_split"].get("dit_step_ms")
+        report["solo_first_step_bound_ms"] = round(step_ms + 50, 1) if step_ms else None
         raw_media = np.load(work / "raw_seed1.npy")
         report["psnr_vs_raw_db"] = round(psnr(media[1], raw_media), 2)
         print(f"[accel] first {report['first_request_ms']} ms, solo p50 {report['solo_p50_ms']} ms, "
+              f"first step p50 {report['solo_first_step_p50_ms']} ms (bound {report['solo_first_step_bound_ms']}), "
               f"PSNR {report['psnr_vs_raw_db']} dB", flush=True)
         before = loadgen.scrape(server.metrics_url)
         if args.concurrency > 1:
@@ -241,7 +265,7 @@ def restart(args, repo: Path, variant: Path, work: Path) -> dict:
     try:
         print(f"[accel] restart on the warm compile cache: READY after {out['ready_s']} s", flush=True)
         warm_client_process(server.grpc_url, args)
-        times = [round(timed_generation(server.grpc_url, args, seed)[0], 1) for seed in range(1, 4)]
+        times = [round(timed_generation(server.grpc_url, args, seed).ms, 1) for seed in range(1, 4)]
         out["first_request_ms"], out["next_ms"] = times[0], times[1:]
         out["metrics"] = accel_metrics(loadgen.scrape(server.metrics_url))
     finally:
