@@ -95,7 +95,7 @@ def warm_client_process(url: str, args) -> None:
     bad = GenerationRequest(args.prompt, seed=1, height=args.height, width=args.width, num_inference_steps=0,
                             guidance_scale=args.guidance)
     try:
-        with DitClient(url, protocol="grpc-stream") as client:
+        with DitClient(url, protocol="grpc-stream", task=args.task) as client:
             client.generate(bad, timeout_s=60)
     except Exception as exc:  # the expected rejection; anything else would show in the timed request
         print(f"[accel] client warm-up (rejected as intended): {str(exc)[:80]}", flush=True)
@@ -133,7 +133,7 @@ def timed_generation(url: str, args, seed: int, quality: str | None = None) -> T
     """One streamed generation, timed to its first step and to its media."""
     first: list[float] = []
     start = time.perf_counter()
-    with DitClient(url, protocol="grpc-stream") as client:
+    with DitClient(url, protocol="grpc-stream", task=args.task) as client:
         result = client.generate(request(args, seed, quality), timeout_s=600,
                                  on_progress=lambda done, total: first or first.append(time.perf_counter()))
     end = time.perf_counter()
@@ -313,7 +313,7 @@ def main() -> int:
     out = Path(args.out)
     work = out / f"work-{args.name}"
     work.mkdir(parents=True, exist_ok=True)
-    load_deployment(args.deployment)   # fail early on a bad file
+    args.task = load_deployment(args.deployment).task   # fail early on a bad file; txt2img / txt2vid
     report = {"name": args.name, "command": " ".join(sys.argv), "args": vars(args)}
     path = out / f"accel_{args.name}.json"
     try:
