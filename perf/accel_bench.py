@@ -131,13 +131,13 @@ class Timed:
 
 def timed_generation(url: str, args, seed: int, quality: str | None = None) -> Timed:
     """One streamed generation, timed to its first step and to its media."""
-    first: list[float] = []
+    steps: list[float] = []   # when each progress response arrived
     start = time.perf_counter()
     with DitClient(url, protocol="grpc-stream", task=args.task) as client:
         result = client.generate(request(args, seed, quality), timeout_s=600,
-                                 on_progress=lambda done, total: first or first.append(time.perf_counter()))
+                                 on_progress=lambda done, total: steps.append(time.perf_counter()))
     end = time.perf_counter()
-    return Timed((end - start) * 1000, result.media, result.cache_hits, ((first or [end])[0] - start) * 1000)
+    return Timed((end - start) * 1000, result.media, result.cache_hits, ((steps or [end])[0] - start) * 1000)
 
 
 def closed_loop(url: str, args, quality: str | None = None) -> dict:
@@ -212,30 +212,23 @@ def served(args, work: Path, report: dict) -> None:
     server, report["ready_s"] = start_ready(args, repo, variant, work / f"server-{args.name}.log")
     try:
         print(f"[accel] READY after {report['ready_s']} s", flush=True)
-        media, first_steps = {}, []
-
-        def one(seed: int) -> float:
-            timed = timed_generation(server.grpc_url, args, seed)
-            media[seed] = timed.media
-            first_steps.append(timed.first_step_ms)
-            return timed.ms
-
         warm_client_process(server.grpc_url, args)
         start_scrape = loadgen.scrape(server.metrics_url)
-        report["first_request_ms"] = round(one(1), 1)
+        report["first_request_ms"] = round(timed_generation(server.grpc_url, args, 1).ms, 1)
         first_scrape = loadgen.scrape(server.metrics_url)
         report["first_request_split"] = loadgen.where_time_goes(start_scrape, first_scrape)
-        solo = [one(1) for _ in range(args.solo)]
+        solo = [timed_generation(server.grpc_url, args, 1) for _ in range(args.solo)]
         report["solo_split"] = loadgen.where_time_goes(first_scrape, loadgen.scrape(server.metrics_url))
-        report["solo_ms"] = [round(x, 1) for x in solo]
-        report["solo_p50_ms"] = round(statistics.median(solo), 1)
+        report["solo_ms"] = [round(timed.ms, 1) for timed in solo]
+        report["solo_p50_ms"] = round(statistics.median(timed.ms for timed in solo), 1)
         # issue 22's bound on the time to first step: one dit step + 50 ms
-        report["solo_first_step_ms"] = [round(x, 1) for x in first_steps[1:]]
-        report["solo_first_step_p50_ms"] = round(statistics.median(first_steps[1:]), 1)
+        report["solo_first_step_ms"] = [round(timed.first_step_ms, 1) for timed in solo]
+        report["solo_first_step_p50_ms"] = round(statistics.median(timed.first_step_ms for timed in solo), 1)
         step_ms = report["solo_split"].get("dit_step_ms")
         report["solo_first_step_bound_ms"] = round(step_ms + 50, 1) if step_ms else None
+        seed1_media = solo[-1].media
         raw_media = np.load(work / "raw_seed1.npy")
-        report["psnr_vs_raw_db"] = round(psnr(media[1], raw_media), 2)
+        report["psnr_vs_raw_db"] = round(psnr(seed1_media, raw_media), 2)
         print(f"[accel] first {report['first_request_ms']} ms, solo p50 {report['solo_p50_ms']} ms, "
               f"first step p50 {report['solo_first_step_p50_ms']} ms (bound {report['solo_first_step_bound_ms']}), "
               f"PSNR {report['psnr_vs_raw_db']} dB", flush=True)
@@ -247,7 +240,7 @@ def served(args, work: Path, report: dict) -> None:
         report["split_under_load"] = loadgen.where_time_goes(before, after)
         report["metrics"] = accel_metrics(after)
         for tier in args.tiers.split(",")[1:]:
-            report.setdefault("tiers", {})[tier] = lossy_tier(server.grpc_url, args, tier, report, media[1])
+            report.setdefault("tiers", {})[tier] = lossy_tier(server.grpc_url, args, tier, report, seed1_media)
         if args.tiers != LOSSLESS:
             report["metrics_after_tiers"] = accel_metrics(loadgen.scrape(server.metrics_url))
     finally:

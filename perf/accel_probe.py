@@ -187,6 +187,10 @@ def main() -> int:
     backends = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
                 "cudnn": SDPBackend.CUDNN_ATTENTION}
     heads, head_dim = transformer.config.num_attention_heads, transformer.config.attention_head_dim
+
+    def first(backend: SDPBackend) -> list[SDPBackend]:
+        """`backend` first, the others behind it (cuDNN first: ditserve.accel.prefer_attention's order)."""
+        return [backend] + [b for b in backends.values() if b != backend] + [SDPBackend.MATH]
     for size, rows in [(1024, 2), (1024, 8), (512, 16)]:
         name = f"attn{size}x{rows}"
         if (size, rows) not in eager_ms or not wanted(name, 20):
@@ -201,7 +205,6 @@ def main() -> int:
         sdpa = torch.nn.functional.scaled_dot_product_attention
         row = {"name": name, "tokens": tokens, "heads": heads, "head_dim": head_dim}
         for label, backend in backends.items():
-            order = [backend] + [b for b in backends.values() if b != backend] + [SDPBackend.MATH]
             with torch.no_grad():
                 for kind, call in (("self", lambda: sdpa(q, q, q)), ("cross", lambda: sdpa(q, kv, kv, attn_mask=bias))):
                     try:
@@ -209,7 +212,7 @@ def main() -> int:
                             row[f"{label}_{kind}_ms"] = timed(call, args.iters)
                     except RuntimeError as exc:
                         row[f"{label}_{kind}_ms"] = f"unsupported: {str(exc).splitlines()[0][:120]}"
-                with sdpa_kernel(order, set_priority=True):
+                with sdpa_kernel(first(backend), set_priority=True):
                     replay = graphed(forward, x)
                     row[f"{label}_forward_graph_ms"] = timed(replay, args.iters)
                     row[f"{label}_rel_rms"] = rel_rms(replay(), references[(size, rows)])
@@ -234,9 +237,7 @@ def main() -> int:
             continue
         torch._dynamo.reset()
         torch._functorch.config.enable_autograd_cache = False   # its key leaves out the SDPA choice
-        order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
-                 SDPBackend.MATH]
-        with sdpa_kernel(order, set_priority=True):
+        with sdpa_kernel(first(SDPBackend.CUDNN_ATTENTION), set_priority=True):
             record(name=name, **compiled_and_graphed(torch.compile(forward, dynamic=False), inputs(size, rows),
                                                      references[(size, rows)], eager_ms[(size, rows)], args.iters))
 

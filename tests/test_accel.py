@@ -9,6 +9,8 @@ shapes eager (counted by ditserve_{compiled,eager}_forwards_total).
 """
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -180,7 +182,7 @@ def test_cudnn_attention_goes_first_in_the_sdpa_priority_and_compiles_apart(monk
         accel_module.prefer_attention(section)
         assert torch._C._get_sdp_priority_order()[0] == int(SDPBackend.CUDNN_ATTENTION)
         accel_module.configure_compiler(section)   # its own inductor cache: the AOT key omits the choice
-        assert accel_module.os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cache" / "attention-cudnn")
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cache" / "attention-cudnn")
     finally:
         accel_module._HELD.close()
     assert torch._C._get_sdp_priority_order() == before

@@ -1,6 +1,7 @@
 """perf/accel_targets.py: issue 23's targets read from the accel summary (pure logic, no server)."""
 from __future__ import annotations
 
+import json
 import sys
 
 from conftest import ROOT
@@ -33,7 +34,6 @@ def test_newest_run_decides_and_the_best_is_kept_per_direction():
 
 def test_the_committed_summary_reads_as_recorded():
     """Run 7 met the 1024 targets: whatever runs come later, the best stays at least that good."""
-    import json
     rows = json.loads((ROOT / "perf" / "results" / "2026-12-02-h200-accel.json").read_text())["rows"]
     got = standing(rows)
     _, best = got["PixArt-Sigma 1024x1024: one request"]

@@ -207,7 +207,7 @@ def shapes_mode_server(request, tmp_path_factory):
         yield mode, server
 
 
-def test_tiers_work_the_same_in_serial_and_request_batch_modes(shapes_mode_server, fast_solo, diffusers_shapes):  # noqa: F811
+def test_tiers_work_the_same_in_serial_and_request_batch_modes(shapes_mode_server, fast_solo, diffusers_shapes):
     """A `fast` request alone reuses the same steps and gives the same image as in step mode;
     `lossless` sent together with `fast` ones (batched in request_batch mode) still equals
     diffusers, and the `fast` ones still reuse."""
