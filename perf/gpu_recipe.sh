@@ -361,51 +361,57 @@ stage_video() {
 # warm): ROW@cap runs with in_flight = capacity (named ROW-inflight-cap), ROW@spe1 with
 # steps_per_execute = 1, one denoise step per dit execute (named ROW-spe1), ROW@stage1 with one
 # text_encoder and one vae_decode instance (stage_instances = 1; at capacity 16 the default is 2),
-# ROW@cudnn with [accel] attention = "cudnn" (named ROW-cudnn).
+# ROW@cudnn with [accel] attention = "cudnn" (named ROW-cudnn). Variants combine with +:
+# pixart512@cudnn+spe1 is named pixart512-cudnn-spe1.
 accel_row() {
-    local common=(--out "$WORK/accel" --accel ${ACCEL_SETTINGS:-transformer=cuda_graphs vae_decode=compile text_encoder=compile})
+    local common=(--out "$WORK/accel") accel=(${ACCEL_SETTINGS:-transformer=cuda_graphs vae_decode=compile text_encoder=compile})
     [[ -n "${ACCEL_RESTART:-}" ]] && common+=(--restart)
-    local row=${1%%@*} variant="" suffix="" cap
-    [[ "$row" != "$1" ]] && variant=${1#*@}
-    case "$variant" in
-        "") ;;
-        cap) suffix=-inflight-cap ;;
-        spe1) suffix=-spe1; common+=(--steps-per-execute 1) ;;
-        stage1) suffix=-stage1; common+=(--stage-instances 1) ;;
-        cudnn) suffix=-cudnn; common+=(attention=cudnn) ;;   # appended to --accel's values
-        *) echo "unknown accel row variant: $1 (ROW@cap, ROW@spe1, ROW@stage1 or ROW@cudnn)"; return 2 ;;
-    esac
+    local row=${1%%@*} variants="" variant suffix="" cap
+    [[ "$row" != "$1" ]] && variants=${1#*@}
+    for variant in ${variants//+/ }; do
+        case "$variant" in
+            cap) suffix+=-inflight-cap ;;
+            spe1) suffix+=-spe1; common+=(--steps-per-execute 1) ;;
+            stage1) suffix+=-stage1; common+=(--stage-instances 1) ;;
+            cudnn) suffix+=-cudnn; accel+=(attention=cudnn) ;;
+            *) echo "unknown accel row variant: $variant in $1 (ROW@cap, ROW@spe1, ROW@stage1, ROW@cudnn or several joined by +)"; return 2 ;;
+        esac
+    done
     case "$row" in
         pixart512)  model_ready || stage_build || return $?
                     # capacity 16 (run 4 had 8): at 8 the dit was full only part of the time, the other
                     # requests being in T5 or decode, and served throughput stopped at 0.99x raw B=16
                     cap=${ACCEL_512_CAPACITY:-16}
                     "$PY" perf/accel_bench.py --deployment "$DEPLOYMENT" --name "pixart512$suffix" --size 512x512 \
-                        --steps 20 --capacity "$cap" --in-flight "$(in_flight "$cap" "$variant")" --raw-batches 8,16,32 \
-                        --concurrency $(( 2 * cap )) --per-client 2 "${common[@]}" ${ACCEL_512_BUCKETS:-row_buckets=2,8,16,32} ;;
+                        --steps 20 --capacity "$cap" --in-flight "$(in_flight "$cap" "$variants")" --raw-batches 8,16,32 \
+                        --concurrency $(( 2 * cap )) --per-client 2 "${common[@]}" \
+                        --accel "${accel[@]}" ${ACCEL_512_BUCKETS:-row_buckets=2,8,16,32} ;;
         pixart1024) model_ready || stage_build || return $?
                     # twice as many clients as capacity (run 4: as many) and in_flight 1.5 x capacity
                     # (runs 4-5: = capacity): otherwise the requests in T5 or decode, under load
                     # 0.4-0.6 s each at 1024px, leave dit's slots empty (run 5: 6.2 of 8 busy)
                     cap=${ACCEL_1024_CAPACITY:-8}
                     "$PY" perf/accel_bench.py --deployment "$DEPLOYMENT" --name "pixart1024$suffix" --size 1024x1024 \
-                        --steps 20 --capacity "$cap" --in-flight "$(in_flight "$cap" "$variant")" --raw-batches 4,8 \
-                        --raw-runs 3 --solo 4 --concurrency $(( 2 * cap )) --per-client 2 "${common[@]}" ;;
-        shapes)     # trained weights (committed): the PSNR of the served [accel] path against eager
-                    "$PY" perf/accel_bench.py --deployment perf/deployments/tiny-pixart-shapes-bf16.toml \
-                        --name "shapes$suffix" --size 64x64 --prompt "a red circle on a blue background" --steps 20 \
-                        --capacity 4 --raw-runs 3 --solo 3 "${common[@]}" ;;
+                        --steps 20 --capacity "$cap" --in-flight "$(in_flight "$cap" "$variants")" --raw-batches 4,8 \
+                        --raw-runs 3 --solo 4 --concurrency $(( 2 * cap )) --per-client 2 "${common[@]}" --accel "${accel[@]}" ;;
+        shapes|shapes32)  # trained weights (committed): the PSNR of the served [accel] path against
+                    # eager in bf16 (shapes) or in the model's own float32 (shapes32)
+                    local file=perf/deployments/tiny-pixart-shapes-bf16.toml
+                    [[ "$row" == shapes32 ]] && file=configs/tiny-pixart-shapes.toml
+                    "$PY" perf/accel_bench.py --deployment "$file" \
+                        --name "$row$suffix" --size 64x64 --prompt "a red circle on a blue background" --steps 20 \
+                        --capacity 4 --raw-runs 3 --solo 3 "${common[@]}" --accel "${accel[@]}" ;;
         wan)        build_wan_t2v || return $?
                     "$PY" perf/accel_bench.py --deployment configs/wan2.1-t2v-1.3b-random.toml --name "wan$suffix" \
                         --size 480x832 --frames 81 --steps 10 --guidance 5 --capacity 1 --raw-runs 2 --solo 2 \
-                        "${common[@]}" ;;
-        *) echo "unknown accel row: $1 (pixart512|pixart1024|wan|shapes, PixArt rows also ROW@cap, ROW@spe1, ROW@stage1; any ROW@cudnn)"; return 2 ;;
+                        "${common[@]}" --accel "${accel[@]}" ;;
+        *) echo "unknown accel row: $1 (pixart512|pixart1024|wan|shapes|shapes32, PixArt rows also ROW@cap, ROW@spe1, ROW@stage1; any ROW@cudnn)"; return 2 ;;
     esac
 }
 
-# [engine] in_flight of an accel row at capacity $1: = capacity for a ROW@cap row ($2 = cap), else
-# ACCEL_IN_FLIGHT (default 1.5 x capacity).
-in_flight() { [[ "$2" == cap ]] && echo "$1" || echo "${ACCEL_IN_FLIGHT:-$(( $1 * 3 / 2 ))}"; }
+# [engine] in_flight of an accel row at capacity $1: = capacity for a ROW@cap row ($2, the row's
+# variants, has cap), else ACCEL_IN_FLIGHT (default 1.5 x capacity).
+in_flight() { [[ "+$2+" == *+cap+* ]] && echo "$1" || echo "${ACCEL_IN_FLIGHT:-$(( $1 * 3 / 2 ))}"; }
 
 stage_cache() {
     local rc=0
