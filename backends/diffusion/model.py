@@ -16,6 +16,7 @@ except ImportError:  # running from a checkout or a container copy without insta
 
 from ditserve.stages import stage_class
 from ditserve.stages.metrics import release_all
+from ditserve.stages.specs import auto_complete
 from ditserve.stages.warm_path import ExecuteClock
 
 
@@ -29,7 +30,9 @@ def _stage_of(config: dict) -> str:
 class TritonPythonModel:
     @staticmethod
     def auto_complete_config(auto_complete_model_config):
-        return stage_class(_stage_of(auto_complete_model_config.as_dict())).auto_complete(auto_complete_model_config)
+        # Triton runs this in a stub of its own, before the instances' stubs: specs.py keeps it
+        # from importing torch and the pipelines there.
+        return auto_complete(_stage_of(auto_complete_model_config.as_dict()), auto_complete_model_config)
 
     def initialize(self, args):
         # A crashing stub (SIGSEGV, SIGABRT) prints its Python stacks to the server log, and

@@ -97,7 +97,10 @@ def requested_outputs(request, declared) -> set[str]:
     return set(request.requested_output_names()) or set(declared)
 
 
-def error_response(message: str, code=pb_utils.TritonError.INTERNAL):
+def error_response(message: str, code=None):
+    """An error response, INTERNAL unless `code` says otherwise. (pb_utils.TritonError is not
+    defined yet when model.py is imported, so it cannot be a default argument here.)"""
+    code = pb_utils.TritonError.INTERNAL if code is None else code
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
 
 

@@ -33,47 +33,13 @@ from ..schema import GenerationParams, check_params
 from ..scheduler import StepScheduler
 from ..scratch import sweep_dead_servers, sweep_orphan_shm_regions
 from ..state import TextConditioning
-from .common import (TensorSpec, declare, ended_if_cancelled, error_response, input_numpy, requested_outputs,
+from .common import (ended_if_cancelled, error_response, input_numpy, requested_outputs,
                      stage_deployment, stage_names, warm_up)
 from .metrics import DitMetrics
+from .specs import DIT_OUTPUT_NAMES
 from .torch_io import to_pb, to_torch
 from .warm_path import cost_curve_requests, warm_request_path, warm_requests
 
-# The public models hand `embeds` and `mask` (and a task's conditioning) over out of band
-# (handoff.py) so they do not travel again at every step; a direct client sends them here.
-INPUTS = (
-    TensorSpec("embeds", "TYPE_FP32", (-1, -1, -1), optional=True),
-    TensorSpec("mask", "TYPE_INT64", (-1, -1), optional=True),
-    TensorSpec("params", "TYPE_STRING", (1,)),
-)
-# A request that cannot finish ends with an `error` output, not an error response:
-# Triton 2.51 loses error responses of a decoupled model on the BLS path (the caller
-# would wait forever), while data responses arrive. The message is UTF-8 in a UINT8
-# tensor, not BYTES: on the H200, public-model stubs died right after dit's BYTES error
-# responses to cancels, and BYTES is the only output whose unpacking in the caller's stub
-# runs Python code (suspected, not proven: perf/results/2026-11-29-h200-soak.md).
-# Responses carry only the outputs the request asked for (common.requested_outputs): a
-# direct client that did not ask for `error` gets an error response, and one that did
-# not ask for `progress` no progress.
-# `cache_hits`, with the final latents: the steps the request's cache tier reused (0 for lossless).
-OUTPUTS = (
-    TensorSpec("progress", "TYPE_INT32", (2,)),
-    TensorSpec("error", "TYPE_UINT8", (-1,)),
-    TensorSpec("cache_hits", "TYPE_INT32", (1,)),
-)
-
-
-def task_specs(config) -> tuple[TensorSpec, ...]:
-    """What depends on the task: `latents` [C, h, w] per image generation, [C, f, h, w] per
-    video generation (batch dim implied), and the optional conditioning inputs of the family's
-    text encoders and of image-conditioned tasks (deployment.Deployment.conditioning)."""
-    deployment = stage_deployment(config.as_dict())
-    latents = TensorSpec("latents", "TYPE_FP32", (-1,) * (4 if deployment.is_video else 3))
-    return (latents,), tuple(TensorSpec(name, "TYPE_FP32", (-1,) * rank, optional=True)
-                             for name, rank in deployment.conditioning)
-
-
-OUTPUT_NAMES = tuple(spec.name for spec in OUTPUTS) + ("latents",)
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 CANCELLED = "cancelled by the client"
 GC_EVERY_S = 1.0   # how often execute looks for abandoned states and scratch files (they live minutes)
@@ -95,11 +61,6 @@ def request_key(request) -> str:
 
 
 class DitStage:
-    @staticmethod
-    def auto_complete(config):
-        latents, conditioning = task_specs(config)
-        return declare(config, INPUTS + conditioning, OUTPUTS + latents)
-
     def __init__(self, args: dict, model_config: dict):
         self.model_name = args["model_name"]
         self.collected_at = 0.0
@@ -261,7 +222,7 @@ class DitStage:
         self.metrics.active.set(len(active))
         for key, request in active:
             state = self.engine.table[key]
-            wanted = requested_outputs(request, OUTPUT_NAMES)
+            wanted = requested_outputs(request, DIT_OUTPUT_NAMES)
             sender = request.get_response_sender()
             if key in report.confirmed and "progress" in wanted:  # a step whose check just passed
                 sender.send(pb_utils.InferenceResponse([_progress(report.confirmed[key], state.total_steps)]))
@@ -290,7 +251,7 @@ class DitStage:
         self._release(key)
         if ended_if_cancelled(request):
             return
-        if "error" in requested_outputs(request, OUTPUT_NAMES):
+        if "error" in requested_outputs(request, DIT_OUTPUT_NAMES):
             message = pb_utils.Tensor("error", np.frombuffer(error.encode("utf-8"), dtype=np.uint8)[None])
             response = pb_utils.InferenceResponse([message])
         else:

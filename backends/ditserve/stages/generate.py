@@ -39,7 +39,7 @@ from ..deployment import FAMILY_TEXT_CONDITIONING, TASK_CONDITIONING, Deployment
 from ..faults import Subject, injector
 from ..handoff import ConditioningStore, HostTensor
 from ..schema import IMAGE_INPUT, GenerationParams, InvalidRequest, decode_image, decode_request, request_inputs
-from .common import (TensorSpec, declare, ended_if_cancelled, error_response, input_numpy, media_dims,
+from .common import (TensorSpec, ended_if_cancelled, error_response, input_numpy, media_dims,
                      requested_outputs, stage_deployment, stage_names, utf8_text)
 from .dlpack import host_tensor, without_batch
 from .liveness import StubDied, StubWatch
@@ -149,10 +149,6 @@ def _checked(response, stage: str):
 
 
 class GenerateStage:
-    @staticmethod
-    def auto_complete(config):
-        return declare(config, *io_specs(stage_deployment(config.as_dict())))
-
     def __init__(self, args: dict, model_config: dict):
         self.deployment = stage_deployment(model_config)
         self.names = stage_names(model_config)

@@ -23,32 +23,17 @@ import triton_python_backend_utils as pb_utils
 
 from ..adapters import adapter_for
 from ..adapters.base import instance_device
-from ..deployment import FAMILY_TEXT_CONDITIONING, Deployment
 from ..faults import Subject, injector
 from ..isolation import isolating_failures
 from ..reused_text import ReusedRow
-from .common import TensorSpec, declare, error_response, stage_deployment, warm_up
+from .common import error_response, stage_deployment, warm_up
 from .metrics import counter
 from .torch_io import to_pb
 
-INPUTS = (TensorSpec("text", "TYPE_STRING", (-1,)),)
-EMBEDS_TYPES = {"float32": "TYPE_FP32", "float16": "TYPE_FP16", "bfloat16": "TYPE_BF16"}
 MAX_ROWS = 2  # negative + prompt: the only shape the public models send
 
 
-def outputs(deployment: Deployment) -> tuple[TensorSpec, ...]:
-    """`embeds` (and the family's extras) in the deployment's dtype, `mask` as int64."""
-    dtype = EMBEDS_TYPES[deployment.model.dtype]
-    extras = tuple(TensorSpec(name, dtype, (-1,) * rank)
-                   for name, rank in FAMILY_TEXT_CONDITIONING.get(deployment.model.family, ()))
-    return (TensorSpec("embeds", dtype, (-1, -1, -1)), TensorSpec("mask", "TYPE_INT64", (-1, -1))) + extras
-
-
 class TextEncoderStage:
-    @staticmethod
-    def auto_complete(config):
-        return declare(config, INPUTS, outputs(stage_deployment(config.as_dict())))
-
     def __init__(self, args: dict, model_config: dict):
         self.deployment = stage_deployment(model_config)
         self.adapter = adapter_for(self.deployment.model.family)(self.deployment, "text_encoder", instance_device(args))

@@ -16,19 +16,13 @@ from ..adapters import adapter_for
 from ..adapters.base import instance_device
 from ..faults import FaultInjector, Subject, injector
 from ..isolation import isolating_failures
-from .common import TensorSpec, declare, error_response, media_dims, stage_deployment, warm_up
+from .common import error_response, stage_deployment, warm_up
 from .torch_io import to_pb, to_torch
 from .warm_path import warm_request_path, warm_requests
 
 
 
 class VaeDecodeStage:
-    @staticmethod
-    def auto_complete(config):
-        deployment = stage_deployment(config.as_dict())
-        latents = TensorSpec("latents", "TYPE_FP32", (-1,) * (4 if deployment.is_video else 3))
-        return declare(config, (latents,), (TensorSpec("media", "TYPE_UINT8", media_dims(deployment)),))
-
     def __init__(self, args: dict, model_config: dict):
         self.deployment = stage_deployment(model_config)
         self.adapter = adapter_for(self.deployment.model.family)(self.deployment, "vae_decode", instance_device(args))

@@ -22,22 +22,11 @@ from ..adapters.base import instance_device
 from ..adapters.wan_i2v import CONDITION, IMAGE_EMBEDS
 from ..deployment import TASK_CONDITIONING
 from ..schema import GenerationParams, check_params, decode_image
-from .common import TensorSpec, declare, error_response, input_numpy, stage_deployment
+from .common import error_response, input_numpy, stage_deployment
 from .metrics import VaeEncodeMetrics
 from .torch_io import to_pb, to_torch
 
-INPUTS = (TensorSpec("image", "TYPE_UINT8", (-1, -1, 3)), TensorSpec("params", "TYPE_STRING", (1,)))
-
-
-def conditioning_specs(deployment) -> tuple[TensorSpec, ...]:
-    return tuple(TensorSpec(name, "TYPE_FP32", (-1,) * rank) for name, rank in TASK_CONDITIONING[deployment.task])
-
-
 class VaeEncodeStage:
-    @staticmethod
-    def auto_complete(config):
-        return declare(config, INPUTS, conditioning_specs(stage_deployment(config.as_dict())))
-
     def __init__(self, args: dict, model_config: dict):
         self.deployment = stage_deployment(model_config)
         if self.deployment.task not in TASK_CONDITIONING:
