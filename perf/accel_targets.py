@@ -4,10 +4,10 @@
 
 Every row of the summary with a `target` is one measurement (a run, a variant). Rows are grouped
 into targets by what they measure: the model and size before the first comma, and the kind after
-it (one request, closed loop, first request after READY), so that closed loops at different
+it (one request, closed loop, first request after READY, PSNR), so that closed loops at different
 concurrencies count as one throughput target. For each target it prints the newest run's ratio
 (ties: the best of that run), whether it met the target, and the best ratio any run reached.
-Latency ratios must be <= the target, throughput ratios >= it. Exit status 0 either way: this
+Latency ratios must be <= the target, throughput ratios and PSNR (in `ratio`, dB) >= it. Exit status 0 either way: this
 reports, the issue decides.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 
 DEFAULT = Path(__file__).resolve().parent / "results" / "2026-12-02-h200-accel.json"
 KINDS = (("first request", "first request after READY / warm", "<="), ("one request", "one request", "<="),
-         ("closed loop", "throughput", ">="))
+         ("closed loop", "throughput", ">="), ("PSNR", "PSNR against eager diffusers, dB", ">="))
 
 
 @dataclass
@@ -53,13 +53,13 @@ def classify(row: dict) -> Measured | None:
     """The target a summary row measures, or None for rows without one."""
     if "target" not in row:
         return None
-    model, _, rest = row["row"].partition(",")
-    model = model.split(":")[0].strip()
+    model = row["row"].partition(",")[0].split(":")[0].strip()
     for phrase, kind, direction in KINDS:
         if phrase in row["row"]:
             break
     else:
-        kind, direction = rest.strip() or "result", "<="
+        raise ValueError(f"summary row {row['row']!r} has a target but names none of the kinds "
+                         f"{[phrase for phrase, _, _ in KINDS]}: say which it measures")
     model = model.replace(" 20 steps", "")
     return Measured(f"{model}: {kind}", direction, row["target"], row.get("ratio"), row.get("run"),
                     row.get("variant", ""))

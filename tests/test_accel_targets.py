@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import sys
 
+import pytest
+
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "perf"))
@@ -40,3 +42,11 @@ def test_the_committed_summary_reads_as_recorded():
     assert best.direction == "<=" and best.ratio <= 0.716 and best.met
     _, best = got["PixArt-Sigma 1024x1024: throughput"]
     assert best.direction == ">=" and best.ratio >= 1.414 and best.met
+
+
+def test_psnr_rows_are_a_higher_is_better_target_and_unknown_kinds_are_refused():
+    got = standing([row("T 64x64 float32, PSNR of the served image against eager", 66.3, 35.0, 8)])
+    newest, _ = got["T 64x64 float32: PSNR against eager diffusers, dB"]
+    assert newest.direction == ">=" and newest.met
+    with pytest.raises(ValueError, match="names none of the kinds"):
+        standing([row("T 64x64, something new", 1.0, 1.0, 8)])
