@@ -16,9 +16,13 @@ STAGES = {
 }
 
 
+def known_stage(name: str) -> str:
+    """`name`, or a ValueError naming the stages there are."""
+    if name not in STAGES:
+        raise ValueError(f"config.pbtxt parameter stage={name!r} is unknown; known: {sorted(STAGES)}")
+    return name
+
+
 def stage_class(name: str):
-    try:
-        module, cls = STAGES[name].split(":")
-    except KeyError:
-        raise ValueError(f"config.pbtxt parameter stage={name!r} is unknown; known: {sorted(STAGES)}") from None
+    module, cls = STAGES[known_stage(name)].split(":")
     return getattr(importlib.import_module(module), cls)

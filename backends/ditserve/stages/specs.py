@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ..deployment import FAMILY_TEXT_CONDITIONING, TASK_CONDITIONING, Deployment
-from . import STAGES
+from . import STAGES, known_stage
 from .common import TensorSpec, declare, media_dims, stage_deployment
 from .generate import io_specs as generate_specs
 
@@ -88,6 +88,4 @@ assert SPECS.keys() == STAGES.keys(), "every stage declares its I/O here"
 
 def auto_complete(stage: str, config):
     """Fill the inputs and outputs config.pbtxt leaves out for a model of `stage`."""
-    if stage not in SPECS:
-        raise ValueError(f"config.pbtxt parameter stage={stage!r} is unknown; known: {sorted(SPECS)}")
-    return declare(config, *SPECS[stage](stage_deployment(config.as_dict())))
+    return declare(config, *SPECS[known_stage(stage)](stage_deployment(config.as_dict())))
