@@ -590,8 +590,12 @@ stage_scheduler() {
     "$PY" perf/matched_control.py --deployment "$DEPLOYMENT" --modes "$modes" --compare "${modes##*,}" \
         --capacity "${SCHED_CAPACITY:-16}" "${load[@]}" "${accel[@]}" --num-requests "${SCHED_N:-40}" \
         --sizes "${SCHED_SIZES:-512,768,1024}" --steps "${SCHED_STEPS:-4,30}" --guidance "${SCHED_GUIDANCE:-1.0,4.5}" \
-        --seed 22 --server-timeout 300 --out-dir "$ctrl"
-    local rc=$?
+        --seed 22 --server-timeout 300 --keep-workdir --out-dir "$ctrl"
+    local rc=$? logs
+    # Every mode's server log (the scheduler's curves, stage timings, any stack dump) comes back too.
+    logs=$(ls -t "${TMPDIR:-/tmp}"/matched_control.*/server-*.log 2>/dev/null | head -"$(tr ',' '\n' <<<"$modes" | wc -l)")
+    # shellcheck disable=SC2086
+    [[ -n "$logs" ]] && tar czf "$OUT/control_server_logs.tgz" $logs 2>/dev/null
     collect_control "$ctrl"
     return $rc
 }

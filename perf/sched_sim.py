@@ -296,14 +296,17 @@ def measured_slowdown(report: dict, entries: list[dict], costs: dict[Shape, Cost
 
 
 def synthetic(label: str, sizes: str, load: float, n: int, seed: int, costs: dict[Shape, Cost],
-              slowdown: float) -> tuple[str, list]:
-    """A seeded Poisson trace of `sizes`, 4/30 steps, CFG on/off, at `load` x one-at-a-time saturation."""
-    spec = loadgen.WorkloadSpec(rate=1.0, num_requests=n, sizes=loadgen.parse_sizes(sizes), steps=[4, 30],
-                                guidance_scales=[1.0, 4.5], seed=seed)
+              slowdown: float, steps: str = "4,30", guidance: str = "1.0,4.5") -> tuple[str, list]:
+    """A seeded Poisson trace of `sizes`, `steps` (default 4/30), CFG `guidance` (default on/off), at
+    `load` x one-at-a-time saturation."""
+    spec = loadgen.WorkloadSpec(rate=1.0, num_requests=n, sizes=loadgen.parse_sizes(sizes),
+                                steps=[int(x) for x in steps.split(",")],
+                                guidance_scales=[float(x) for x in guidance.split(",")], seed=seed)
     unit = loadgen.make_trace(spec)          # rate 1: scale the arrival times to the load asked for
     rate = load / utilisation(unit, costs, slowdown)
     entries = [{**e, "t": e["t"] / rate} for e in unit]
-    return f"{label}: Poisson {rate:.2f} req/s ({load:.2f} of saturation), n={n}, sizes {sizes}, seed {seed}", entries
+    return (f"{label}: Poisson {rate:.2f} req/s ({load:.2f} of saturation), n={n}, sizes {sizes}, "
+            f"steps {steps}, guidance {guidance}, seed {seed}", entries)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -327,8 +330,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timing-noise", type=float, default=0.0,
                    help="sigma of the slowdown exp(|N(0, sigma)|) on the forward times the scheduler observes "
                         "(contention only lengthens them; the clock keeps the true ones)")
-    p.add_argument("--synthetic", action="append", default=[], metavar="LABEL:SIZES:LOAD",
-                   help="also a Poisson trace, e.g. 512-only:512:0.8 (load = fraction of one-at-a-time saturation)")
+    p.add_argument("--synthetic", action="append", default=[], metavar="LABEL:SIZES:LOAD[:STEPS[:GUIDANCE]]",
+                   help="also a Poisson trace, e.g. 512-only:512:0.8 (load = fraction of one-at-a-time saturation; "
+                        "steps default 4,30, guidance 1.0,4.5), or uniform:1024:0.8:20:4.5")
     p.add_argument("--n", type=int, default=400, help="requests per synthetic trace")
     p.add_argument("--seed", type=int, default=22)
     p.add_argument("--measure-at-load", default="", metavar="SIZES",
@@ -349,8 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     load = utilisation(trace, costs, slowdown)
     scenarios = [(f"H200 control trace: {controls[0]['source']} ({load:.2f} of saturation)", trace)]
     for spec in args.synthetic:
-        label, sizes, load = spec.split(":")
-        scenarios.append(synthetic(label, sizes, float(load), args.n, args.seed, costs, slowdown))
+        label, sizes, load, *shape = spec.split(":")
+        scenarios.append(synthetic(label, sizes, float(load), args.n, args.seed, costs, slowdown, *shape))
     measured = {f"{mode} ({Path(path).stem})": report
                 for path, control in zip(paths, controls) for mode, report in control["reports"].items()}
     out = {"command": " ".join(shlex.quote(a) for a in ["python", "perf/sched_sim.py", *(argv or sys.argv[1:])]),
