@@ -123,7 +123,7 @@ class EngineSection:
     # `max_slowdown` x its estimated time alone goes ahead of every request that is not
     # (oldest first).
     scheduler: str = "all"
-    throughput_floor: float = 0.9
+    throughput_floor: float = 0.95
     cost_ewma: float = 0.3
     max_slowdown: float = 2.0
     target_utilisation: float = 0.8

@@ -257,7 +257,7 @@ class ArrivalRate:
 
 @dataclass(frozen=True)
 class CostPolicy:
-    throughput_floor: float = 0.9
+    throughput_floor: float = 0.95
     max_slowdown: float = 2.0
     target_utilisation: float = 0.8
 
@@ -336,7 +336,7 @@ class CostPolicy:
 class StepScheduler:
     """The stage's scheduler: the policy and its cost model."""
 
-    def __init__(self, kind: str = "all", throughput_floor: float = 0.9, cost_ewma: float = 0.3,
+    def __init__(self, kind: str = "all", throughput_floor: float = 0.95, cost_ewma: float = 0.3,
                  max_slowdown: float = 2.0, target_utilisation: float = 0.8):
         self.kind = kind
         self.policy = CostPolicy(throughput_floor, max_slowdown, target_utilisation)
