@@ -10,7 +10,7 @@ policy is the same module loaded from a git revision, `--old-ref`):
   step:all       every ready request steps every execute (processor sharing across groups)
   step:cost-old  `cost` as of --old-ref: k chosen within each group, every group steps
   step:cost      `cost` of this checkout: it also chooses which groups step
-  step:cost@load the same with its cost curve measured at load (--measure-at-load SIZES: forwards
+  step:cost-old@load, step:cost@load  the same with their cost curve measured at load (--measure-at-load SIZES: forwards
                  of 1..capacity requests of those sizes' shapes, uncontended, i.e. without
                  --slowdown and noise), as dit does for its [accel] warm sizes
 
@@ -251,7 +251,7 @@ def make_scheduler(policy: str, old_module, options: dict):
     """`options`: the current `cost` scheduler's [engine] keys (max_slowdown, target_utilisation)."""
     if policy in ("request_batch", "step:all"):
         return current_scheduler.StepScheduler("all")
-    if policy == "step:cost-old":
+    if policy.startswith("step:cost-old"):
         return EarlierScheduler(old_module.StepScheduler("cost"))
     return current_scheduler.StepScheduler("cost", **options)
 
@@ -272,9 +272,9 @@ def simulate(entries: list[dict], sim_args: dict, old_module, options: dict,
     with `measured_sizes`, also step:cost with its curve measured at load for those sizes."""
     results = {}
     solo_entries = {(shape_of(e), e["num_inference_steps"]): e for e in entries}
-    for policy in POLICIES + ("step:cost@load",) * bool(measured_sizes):
+    for policy in POLICIES + ("step:cost-old@load", "step:cost@load") * bool(measured_sizes):
         sim, scheduler = Sim(**sim_args), make_scheduler(policy, old_module, options)
-        if policy == "step:cost@load":
+        if policy.endswith("@load"):
             measure_at_load(scheduler, sim, entries, measured_sizes)
         for entry in solo_entries.values():
             sim.run([{**entry, "t": 0.0}], scheduler, policy == "request_batch")
