@@ -13,6 +13,12 @@ request: a final response with a CANCELLED error (`error`) or the final flag alo
 `--unload` starts the server with explicit model control and, after the storm, unloads
 `streamer` through the repository API and reports how long it took (or that it had not
 finished after --unload-wait s): the unload hang after cancel storms (docs/reliability.md).
+
+`--rss-every S` samples tritonserver's RSS every S seconds while the clients run and prints its
+growth per quarter of the run, the slope over the last half (MB/min) and kB per request: does
+tritonserver grow per request with no diffusion code at all (issue 19's ~1 kB/request on the H200)?
+
+    .venv/bin/python perf/repro_bls_cancel/run.py --cancel 0 --seconds 600 --rss-every 5
 """
 from __future__ import annotations
 
@@ -33,6 +39,7 @@ sys.path[:0] = [str(HERE.parents[1] / "backends"), str(HERE.parents[1] / "script
 from cancel_storm import unload_seconds  # noqa: E402
 from check_stubs import short_models  # noqa: E402
 from ditserve.launcher import ServerOptions, TritonServer, free_ports  # noqa: E402
+from resources import rss_kb, slope_per_min  # noqa: E402  (perf/resources.py)
 
 
 
@@ -71,6 +78,27 @@ def client(url: str, kind: int, seconds: float, cancel: float, seed: int, tally:
             tally[outcome] = tally.get(outcome, 0) + 1
 
 
+def sample_rss(pid: int, every_s: float, stop: threading.Event, tally: dict, samples: list) -> None:
+    """(time, tritonserver RSS in MB, requests ended so far) every `every_s` until `stop`."""
+    while not stop.wait(every_s):
+        samples.append({"t": time.monotonic(), "rss_mb": rss_kb(pid) / 1024, "requests": sum(tally.values())})
+
+
+def rss_report(samples: list[dict]) -> str:
+    """Growth per quarter of the run, the slope over its last half and kB per request over it."""
+    if len(samples) < 8:
+        return f"tritonserver RSS: {len(samples)} samples, too few (run longer or sample more often)"
+    quarters = [samples[round(i * (len(samples) - 1) / 4)] for i in range(5)]
+    steps = ", ".join(f"{b['rss_mb'] - a['rss_mb']:+.1f}" for a, b in zip(quarters, quarters[1:]))
+    half = samples[len(samples) // 2:]
+    slope = slope_per_min(half, "rss_mb")
+    requests = half[-1]["requests"] - half[0]["requests"]
+    grown_kb = (half[-1]["rss_mb"] - half[0]["rss_mb"]) * 1024
+    return (f"tritonserver RSS: {samples[0]['rss_mb']:.1f} -> {samples[-1]['rss_mb']:.1f} MB over "
+            f"{samples[-1]['t'] - samples[0]['t']:.0f} s and {samples[-1]['requests']} requests; per quarter {steps} MB; "
+            f"last half {slope:+.2f} MB/min, {grown_kb / max(requests, 1):+.2f} kB per request over {requests} requests")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kind", choices=("bytes", "uint8"), default="bytes")
@@ -90,6 +118,7 @@ def main() -> int:
                     help="the last response also carries this many bytes (our 256x256 image: 196608)")
     ap.add_argument("--unload", action="store_true", help="after the storm, unload streamer and time it")
     ap.add_argument("--unload-wait", type=float, default=60, help="give up waiting for the unload after this, s")
+    ap.add_argument("--rss-every", type=float, default=0, help="sample tritonserver's RSS every this many s (0: off)")
     ap.add_argument("--log", type=Path, default=Path("/tmp/repro_bls_cancel.log"))
     args = ap.parse_args()
     kind = 0 if args.kind == "bytes" else 1
@@ -108,9 +137,16 @@ def main() -> int:
     lock = threading.Lock()
     threads = [threading.Thread(target=client, args=(server.grpc_url, kind, args.seconds, args.cancel, i, tally, lock,
                                                      delay_s, args.cancel_at)) for i in range(args.clients)]
+    stop, samples = threading.Event(), []
+    if args.rss_every:
+        threads.append(threading.Thread(target=sample_rss, args=(server.process.pid, args.rss_every, stop, tally,
+                                                                 samples)))
     for thread in threads:
         thread.start()
-    for thread in threads:
+    for thread in threads[:args.clients]:
+        thread.join()
+    stop.set()
+    for thread in threads[args.clients:]:
         thread.join()
     short = short_models(server.http_url, server.process.pid)
     unloaded = unload_seconds(server.grpc_url, "streamer", args.unload_wait) if args.unload else None
@@ -118,6 +154,8 @@ def main() -> int:
     crashes = args.log.read_text(errors="replace").count("Fatal Python error")
     print(f"{args.kind}, cancel end {args.cancel_end}, final {args.final} (+{args.final_bytes} bytes), cancel delay {args.cancel_delay} ms after {args.cancel_at} responses: {tally}; models short of stub processes before stop "
           f"(live, expected): {short or 'none'}; crashes in {args.log}: {crashes}")
+    if args.rss_every:
+        print(rss_report(samples))
     if args.unload:
         print(f"unload of streamer: {f'{unloaded:.1f} s' if unloaded is not None else f'not finished after {args.unload_wait:g} s'}")
     return 0 if not short and not crashes and (not args.unload or unloaded is not None) else 1
