@@ -182,7 +182,7 @@ def measure_saturation(url: str, args, capacity: int) -> dict:
     t0 = time.perf_counter()
     records = asyncio.run(loadgen.closed_loop(url, entries, concurrency, args.saturation_seconds,
                                               args.request_timeout))
-    estimate = closed_loop_throughput(records, concurrency, time.perf_counter() - t0)
+    estimate = closed_loop_throughput(records, concurrency, time.perf_counter() - t0, args.saturation_seconds)
     if not estimate["completed"]:
         raise RuntimeError("saturation: the closed loop completed no request; see the server log")
     print(f"[matched_control] saturation: {estimate['rps']:.3f} req/s ({estimate['source']})", file=sys.stderr,
@@ -191,14 +191,16 @@ def measure_saturation(url: str, args, capacity: int) -> dict:
                                   f"{args.saturation_seconds:g} s; {estimate['source']}"}
 
 
-def closed_loop_throughput(records: list, concurrency: int, wall_s: float) -> dict:
+def closed_loop_throughput(records: list, concurrency: int, wall_s: float, window_s: float | None = None) -> dict:
     """Completed requests/s of a closed loop of `concurrency` clients with no think time, by Little's
     law: N x completed / the time the clients spent in requests (= N / mean response time when all
     complete; a cancelled or failed request holds its client too). Not completed / `wall_s`, which is
     kept beside it: the wall includes draining the requests in flight when the window ends (an H200
     at 1024 px, 15-25 s a request in a 30 s window, measured 0.65 req/s that way where an earlier run
     of the same setup had 0.96). With fewer completed requests than clients, too few to average:
-    completed / `wall_s`."""
+    completed / `wall_s`. A `window_s` (the loop's length) under 3 mean response times is flagged:
+    the first wave, all clients at once, then dominates (H200 1024px, 30 s window, ~27 s a request:
+    1.197 req/s by Little's law where request batching never served more than 0.925)."""
     done = sum(1 for r in records if r.outcome == "completed")
     spans = [r.e2el_s for r in records if r.e2el_s is not None]
     over_wall = done / wall_s
@@ -208,9 +210,13 @@ def closed_loop_throughput(records: list, concurrency: int, wall_s: float) -> di
         return {**out, "rps": round(over_wall, 4), "rps_little": None,
                 "source": f"completed / wall, as fewer completed than clients ({done} < {concurrency}): {wall}"}
     little = concurrency * done / sum(spans)
-    return {**out, "rps": round(little, 4), "rps_little": round(little, 4),
-            "source": f"Little's law: {concurrency} clients / mean {sum(spans) / len(spans):.2f} s a request "
-                      f"({len(spans)} ended) x {done / len(spans):.2f} completed = {little:.3f} req/s; {wall}"}
+    mean_span = sum(spans) / len(spans)
+    short = window_s is not None and window_s < 3 * mean_span
+    warning = (f"; WARNING: the {window_s:g} s window is under 3 mean response times ({mean_span:.1f} s), so the "
+               f"first wave biases this; lengthen --saturation-seconds or pass --saturation-rps") if short else ""
+    return {**out, "rps": round(little, 4), "rps_little": round(little, 4), "window_too_short": short,
+            "source": f"Little's law: {concurrency} clients / mean {mean_span:.2f} s a request "
+                      f"({len(spans)} ended) x {done / len(spans):.2f} completed = {little:.3f} req/s; {wall}{warning}"}
 
 
 def ladder_traces(args, saturation_rps: float) -> dict[str, list[dict]]:

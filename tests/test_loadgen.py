@@ -136,7 +136,9 @@ def test_saturation_by_littles_law_ignores_the_drain():
     est = matched_control.closed_loop_throughput(records, concurrency=4, wall_s=60.0)
     assert est["rps"] == est["rps_little"] == 0.2                  # N / mean response time = 4 / 20 s
     assert est["rps_completed_over_wall"] == round(8 / 60, 4) and est["completed"] == 8
-    assert "Little's law" in est["source"]
+    assert "Little's law" in est["source"] and not est["window_too_short"]
+    est = matched_control.closed_loop_throughput(records, concurrency=4, wall_s=60.0, window_s=30.0)
+    assert est["window_too_short"] and "lengthen --saturation-seconds" in est["source"], "30 s < 3 x 20 s"
     # A cancelled request held its client for 2 s without completing: N x completed / time in requests.
     est = matched_control.closed_loop_throughput(records + [rec(8, 40, 42, "cancelled")], concurrency=4, wall_s=60.0)
     assert est["rps"] == round(4 * 8 / 162, 4)
