@@ -27,7 +27,8 @@
 #             (default request_batch,step:cost; run step,step:cost in a second call) at capacity
 #             SCHED_CAPACITY (16) -> $OUT/control_* as the control stage (not in `all`; one call);
 #             with SCHED_LOADS (e.g. 0.5,0.8,0.95) a load ladder instead of SCHED_RATE: saturation
-#             measured on the first mode's server (SCHED_SAT_S, 30 s), one trace per fraction, one
+#             measured on the first mode's server (SCHED_SAT_S, 30 s; SCHED_SAT_RPS=R gives it instead,
+#             e.g. 1.1968 replays the 1024px traces of 2026-12-03), one trace per fraction, one
 #             server per mode; e.g. SCHED_LOADS=0.5,0.8,0.95 SCHED_SIZES=1024 SCHED_STEPS=20 SCHED_GUIDANCE=4.5;
 #             SCHED_ACCEL="text_encoder=compile vae_decode=compile" serves both modes with those [accel] keys
 #             (eager otherwise; the compile cache in /tmp makes the second server's load warm)
@@ -113,7 +114,7 @@
 # SOAK_DEPLOYMENT (perf/deployments/pixart-sigma-soak-h200.toml), SOAK_ARGS (extra soak.py args),
 # CONTROL_RATE (0.6 req/s), CONTROL_N (24), CONTROL_ARGS (extra args),
 # SCHED_MODES, SCHED_CAPACITY, SCHED_RATE (1.0 req/s), SCHED_N (40), SCHED_SIZES, SCHED_STEPS, SCHED_GUIDANCE,
-# SCHED_LOADS, SCHED_SAT_S, SCHED_ACCEL (scheduler stage),
+# SCHED_LOADS, SCHED_SAT_S, SCHED_SAT_RPS, SCHED_ACCEL (scheduler stage),
 # VIDEO_STEPS (2), VIDEO_REPS (3), VIDEO_TEXT_ENCODER_LAYERS (24 = real),
 # I2V_STEPS (2), I2V_REPS (1), I2V_TRANSPORTS (grpc,system), I2V_TEXT_ENCODER_LAYERS (24 = real),
 # I2V_TRANSFORMER_LAYERS (40 = real; fewer cut only the transformer's depth: per-step time
@@ -586,6 +587,7 @@ stage_scheduler() {
     local modes="${SCHED_MODES:-request_batch,step:cost}"
     local load=(--rate "${SCHED_RATE:-1.0}") accel=()
     [[ -n "${SCHED_LOADS:-}" ]] && load=(--load-fractions "$SCHED_LOADS" --saturation-seconds "${SCHED_SAT_S:-30}")
+    [[ -n "${SCHED_LOADS:-}" && -n "${SCHED_SAT_RPS:-}" ]] && load+=(--saturation-rps "$SCHED_SAT_RPS")
     [[ -n "${SCHED_ACCEL:-}" ]] && accel=(--accel $SCHED_ACCEL)
     "$PY" perf/matched_control.py --deployment "$DEPLOYMENT" --modes "$modes" --compare "${modes##*,}" \
         --capacity "${SCHED_CAPACITY:-16}" "${load[@]}" "${accel[@]}" --num-requests "${SCHED_N:-40}" \
