@@ -70,6 +70,7 @@ FORWARD_MS = {512: {1: 46, 2: 39, 4: 43, 8: 52, 16: 60, 32: 113}, 1024: {1: 46, 
 # The 1024px CFG curve dit profiled at load on the H200, eager, 2026-12-03 (rows = 2 x requests; the
 # 1-row point is the no-CFG profile's): nearly linear, 16 requests give 1.11x one's throughput.
 H200_1024_PROFILE = {1: 37.6, 2: 49.9, 4: 96.4, 6: 139.1, 8: 182.9, 16: 362.0, 32: 717.6}
+CURVES_1024 = {"design": FORWARD_MS[1024], "h200-profile": H200_1024_PROFILE}   # --curve-1024
 POLICIES = ("request_batch", "step:all", "step:cost-old", "step:cost")
 
 
@@ -319,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--solo-mode", default="step:cost", help="whose solo latencies give the per-shape costs")
     p.add_argument("--old-ref", default="c96ef31", help="git revision of the previous `cost` policy")
     p.add_argument("--batching", default="curve", choices=("curve", "none"))
-    p.add_argument("--curve-1024", default="design", choices=("design", "h200-profile"),
+    p.add_argument("--curve-1024", default="design", choices=tuple(CURVES_1024),
                    help="the 1024px forward curve: DESIGN.md's (2026-12-01) or dit's H200 profile at load (2026-12-03)")
     p.add_argument("--overhead-ms", type=float, default=1.0, help="per execute (served 48.9 vs raw 47.8 ms/step)")
     p.add_argument("--pre-ms", type=float, default=50.0, help="encode and hop, before dit")
@@ -345,8 +346,7 @@ def main(argv: list[str] | None = None) -> int:
                         "'all' = every size of the trace)")
     p.add_argument("--out", default=None, help="write OUT.md and OUT.json")
     args = p.parse_args(argv)
-    if args.curve_1024 == "h200-profile":
-        FORWARD_MS[1024] = H200_1024_PROFILE
+    FORWARD_MS[1024] = CURVES_1024[args.curve_1024]
     paths = args.control or CONTROLS
     controls = [json.loads((ROOT / path).read_text()) for path in paths]
     costs = fit_costs(controls[0]["reports"][args.solo_mode]["solo_latency_ms"], args.fixed_ms / 1000)

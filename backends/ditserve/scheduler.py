@@ -336,8 +336,9 @@ class CostPolicy:
 class StepScheduler:
     """The stage's scheduler: the policy and its cost model."""
 
-    def __init__(self, kind: str = "all", throughput_floor: float = 0.95, cost_ewma: float = 0.3,
-                 max_slowdown: float = 2.0, target_utilisation: float = 0.8):
+    def __init__(self, kind: str = "all", throughput_floor: float = CostPolicy.throughput_floor,
+                 cost_ewma: float = 0.3, max_slowdown: float = CostPolicy.max_slowdown,
+                 target_utilisation: float = CostPolicy.target_utilisation):
         self.kind = kind
         self.policy = CostPolicy(throughput_floor, max_slowdown, target_utilisation)
         self.model = CostModel(cost_ewma)

@@ -138,16 +138,16 @@ def main() -> int:
     threads = [threading.Thread(target=client, args=(server.grpc_url, kind, args.seconds, args.cancel, i, tally, lock,
                                                      delay_s, args.cancel_at)) for i in range(args.clients)]
     stop, samples = threading.Event(), []
-    if args.rss_every:
-        threads.append(threading.Thread(target=sample_rss, args=(server.process.pid, args.rss_every, stop, tally,
-                                                                 samples)))
+    sampler = threading.Thread(target=sample_rss, args=(server.process.pid, args.rss_every, stop, tally, samples))
     for thread in threads:
         thread.start()
-    for thread in threads[:args.clients]:
+    if args.rss_every:
+        sampler.start()
+    for thread in threads:
         thread.join()
     stop.set()
-    for thread in threads[args.clients:]:
-        thread.join()
+    if args.rss_every:
+        sampler.join()
     short = short_models(server.http_url, server.process.pid)
     unloaded = unload_seconds(server.grpc_url, "streamer", args.unload_wait) if args.unload else None
     server.stop(timeout_s=20)  # a dead stub's model never unloads: do not wait out the exit timeout
