@@ -1,0 +1,102 @@
+#!/usr/bin/env python
+"""Issue 22's summary: every load of one or more matched-control ladders in one JSON and one table.
+
+Each input is what perf/gpu_recipe.sh's scheduler stage brings back: a folder holding matched-control
+reports (`*-matched-control*.json`), or the `control_all.tgz` it packs them in. Per trace and load it
+keeps both modes' throughput, p50, p99, mean, time to first step and mean step batch, and the ratios
+of the compared mode to the first one, so a summary is regenerated from the raw files, not typed.
+
+    python perf/scheduler_summary.py --out perf/results/2026-12-03-h200-scheduler.json \\
+        "1024px, floor 0.95=perf/results/2026-12-03-h200-s21/call1-sched-1024" ...
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tarfile
+from pathlib import Path
+
+METRICS = {"throughput_req_s": "request_throughput", "p50_ms": "p50_e2el_ms", "p99_ms": "p99_e2el_ms",
+           "mean_ms": "mean_e2el_ms", "ttfs_p50_ms": "p50_ttfs_ms", "ttfs_p99_ms": "p99_ttfs_ms",
+           "mean_step_batch": "mean_step_batch_size", "completed": "completed_requests",
+           "failed": "failed_requests", "lost": "lost", "duplicated": "duplicated"}
+RATIOS = ("p50_ms", "p99_ms", "mean_ms", "throughput_req_s", "ttfs_p50_ms")
+
+
+def read_reports(source: Path) -> list[dict]:
+    """The matched-control reports in a folder (its tarballs included) or in one tarball."""
+    tarballs = [source] if source.is_file() else sorted(source.glob("*.tgz"))
+    reports = [json.loads(path.read_text()) for path in
+               (sorted(source.glob("*matched-control*.json")) if source.is_dir() else [])]
+    for tarball in tarballs:
+        with tarfile.open(tarball) as tar:
+            reports += [json.load(tar.extractfile(member)) for member in tar.getmembers()
+                        if member.isfile() and "matched-control" in member.name and member.name.endswith(".json")]
+    # The recipe copies the newest report beside the tarball that also holds it: one per load.
+    found = {json.dumps(report.get("load"), sort_keys=True): report for report in reports}
+    if not found:
+        raise SystemExit(f"no matched-control report (*matched-control*.json) in {source}: pass the folder "
+                         "the recipe's scheduler stage wrote, or its control_all.tgz")
+    return sorted(found.values(), key=lambda r: (r.get("load") or {}).get("fraction") or 0.0)
+
+
+def summarise(label: str, report: dict) -> dict:
+    """One trace at one load: each mode's numbers and the compared mode's ratios to the first."""
+    modes = report["modes"]
+    runs = {mode: {key: report["reports"][mode].get(src) for key, src in METRICS.items()} for mode in modes}
+    base, other = runs[modes[0]], runs[modes[-1]]
+    load = report.get("load") or {}
+    return {
+        "ladder": label,
+        "trace": report["reports"][modes[0]].get("source"),
+        "load_fraction": load.get("fraction"),
+        "saturation": load.get("saturation"),
+        "offered_req_s": report["reports"][modes[0]].get("offered_request_rate"),
+        "command": report.get("command"),
+        "runs": runs,
+        "ratios": {f"{modes[-1]}/{modes[0]}": {
+            key: round(other[key] / base[key], 3) if base[key] and other[key] is not None else None
+            for key in RATIOS}},
+    }
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| ladder | load (offered req/s) | p50 | p99 | mean | throughput | TTFS p50 | TTFS p50 ms | mean step batch |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        (pair, r), = row["ratios"].items()
+        base, other = (row["runs"][m] for m in pair.split("/")[::-1])
+        fraction = row["load_fraction"]
+        lines.append(
+            f"| {row['ladder']} | {fraction if fraction is not None else '-'} ({row['offered_req_s']}) | "
+            + " | ".join(f"{r[k]:.2f}x" if r[k] is not None else "-" for k in RATIOS)
+            + f" | {other['ttfs_p50_ms']:.0f} ({base['ttfs_p50_ms']:.0f}) | "
+              f"{other['mean_step_batch']:.2f} ({base['mean_step_batch']:.2f}) |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("ladders", nargs="+", metavar="LABEL=PATH",
+                        help="a label for the ladder, '=', and the folder or control_all.tgz holding its reports")
+    parser.add_argument("--out", type=Path, help="write the summary JSON here (the table goes to stdout)")
+    parser.add_argument("--note", action="append", default=[], metavar="KEY=TEXT",
+                        help="a top-level field of the JSON, e.g. machine=..., code=...")
+    args = parser.parse_args(argv)
+    rows = []
+    for spec in args.ladders:
+        label, sep, path = spec.rpartition("=")
+        if not sep or not label:
+            parser.error(f"{spec!r}: expected LABEL=PATH, e.g. '1024px=perf/results/.../call1-sched-1024'")
+        rows += [summarise(label, report) for report in read_reports(Path(path))]
+    print(table(rows))
+    if args.out:
+        notes = dict(note.split("=", 1) for note in args.note)
+        args.out.write_text(json.dumps({**notes, "traces": rows}, indent=1) + "\n")
+        print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

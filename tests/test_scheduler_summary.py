@@ -1,0 +1,51 @@
+"""perf/scheduler_summary.py: issue 22's summary JSON is computed from matched-control reports."""
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("ditserve_perf_scheduler_summary", ROOT / "perf" / "scheduler_summary.py")
+summary = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(summary)
+
+
+def report(fraction: float, base_p50: float, step_p50: float) -> dict:
+    """A matched-control report reduced to the fields the summary reads."""
+    def mode(p50: float, throughput: float) -> dict:
+        return {"source": "poisson n=4", "offered_request_rate": 2.0, "request_throughput": throughput,
+                "p50_e2el_ms": p50, "p99_e2el_ms": 2 * p50, "mean_e2el_ms": p50, "p50_ttfs_ms": 100.0,
+                "p99_ttfs_ms": 200.0, "mean_step_batch_size": 1.5, "completed_requests": 4,
+                "failed_requests": 0, "lost": 0, "duplicated": 0}
+    return {"modes": ["request_batch", "step:cost"], "command": "python perf/matched_control.py ...",
+            "load": {"name": f"load{fraction}", "fraction": fraction, "saturation": {"rps": 4.0}},
+            "reports": {"request_batch": mode(base_p50, 2.0), "step:cost": mode(step_p50, 1.9)}}
+
+
+def test_reports_in_a_folder_and_its_tarball_count_once_per_load(tmp_path: Path) -> None:
+    loads = {0.95: report(0.95, 1000.0, 800.0), 0.5: report(0.5, 500.0, 550.0)}
+    (tmp_path / "control_x-matched-control-load0p95.json").write_text(json.dumps(loads[0.95]))
+    with tarfile.open(tmp_path / "control_all.tgz", "w:gz") as tar:
+        for fraction, body in loads.items():
+            data = json.dumps(body).encode()
+            info = tarfile.TarInfo(f"x-matched-control-load{fraction}.json")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    out = tmp_path / "summary.json"
+    assert summary.main(["512px=" + str(tmp_path), "--out", str(out), "--note", "machine=test"]) == 0
+    written = json.loads(out.read_text())
+    assert written["machine"] == "test"
+    assert [row["load_fraction"] for row in written["traces"]] == [0.5, 0.95]
+    ratios = written["traces"][1]["ratios"]["step:cost/request_batch"]
+    assert ratios["p50_ms"] == 0.8 and ratios["throughput_req_s"] == 0.95
+    assert written["traces"][0]["runs"]["request_batch"]["p50_ms"] == 500.0
+
+
+def test_a_folder_without_reports_is_refused_with_what_to_pass(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="control_all.tgz"):
+        summary.main(["x=" + str(tmp_path)])
