@@ -726,6 +726,7 @@ class LoadgenConfig:
     slo_scale: float = 3.0
     solo_repeats: int = 3
     measure_solo: bool = True
+    known_solo_ms: dict | None = None   # shape -> solo latency measured earlier on this server: not measured again
     server_pid: int | None = None
     timeout_s: float = 600.0
     speedup: float = 1.0
@@ -767,16 +768,22 @@ async def run(cfg: LoadgenConfig) -> dict:
         for e in entries:
             if e.get("cancel_after_s") is None and not e.get("expect_error"):
                 shapes.setdefault(shape_key(e), {k: v for k, v in e.items() if k not in ("t", "unary")})
-        _log(cfg, f"solo latency: {len(shapes)} shape(s) x {cfg.solo_repeats}, one request at a time (excluded)")
+        known = {k: v for k, v in (cfg.known_solo_ms or {}).items() if k in shapes}
+        shapes = {k: v for k, v in shapes.items() if k not in known}
+        if known:
+            _log(cfg, f"solo latency: {len(known)} shape(s) known from an earlier run on this server (not measured again)")
+        if shapes:
+            _log(cfg, f"solo latency: {len(shapes)} shape(s) x {cfg.solo_repeats}, one request at a time (excluded)")
         solo_raw: dict[str, list[float]] = {}
-        for _ in range(max(1, cfg.solo_repeats)):
+        for _ in range(max(1, cfg.solo_repeats) if shapes else 0):
             for key, entry in shapes.items():
                 (rec,), _ = await run_entries(cfg.url, [{**entry, "t": 0.0}], None, cfg.timeout_s, model=cfg.model)
                 if rec.outcome == "completed":
                     solo_raw.setdefault(key, []).append(rec.e2el_s * 1000.0)
-        solo = {k: round(float(np.median(v)), 3) for k, v in solo_raw.items()}
+        solo = {**known, **{k: round(float(np.median(v)), 3) for k, v in solo_raw.items()}}
         report["solo_latency_ms"] = solo
         report["solo_repeats"] = cfg.solo_repeats
+        report["solo_known_shapes"] = sorted(known)
 
     before = scrape(cfg.metrics_url) if cfg.metrics_url else None
     records: list[Record] = []

@@ -128,14 +128,16 @@ def run_mode(mode: str, args, traces: dict[str, list[dict]], source: str, work: 
         if saturation is not None and not saturation:
             saturation.update(measure_saturation(server.grpc_url, args, capacity))
             traces.update(ladder_traces(args, saturation["rps"]))
+        solo_ms: dict[str, float] = {}   # a ladder measures each shape's solo latency once per server
         for k, (name, entries) in enumerate(traces.items()):
             cfg = loadgen.LoadgenConfig(
                 url=server.grpc_url, entries=entries, source=source, metrics_url=server.metrics_url,
                 max_concurrency=args.max_concurrency, warmup=args.warmup if k == 0 else 0,
                 slo_scale=args.slo_scale, solo_repeats=args.solo_repeats, measure_solo=args.slo_scale > 0,
-                server_pid=server.process.pid, timeout_s=args.request_timeout, speedup=args.speedup,
-                replays=args.replays)
+                known_solo_ms=dict(solo_ms), server_pid=server.process.pid, timeout_s=args.request_timeout,
+                speedup=args.speedup, replays=args.replays)
             report = asyncio.run(loadgen.run(cfg))
+            solo_ms.update(report.get("solo_latency_ms") or {})
             tag = f"{mode} {name}" if name else mode
             print(f"[matched_control] {tag}:\n{loadgen.format_summary(report)}", file=sys.stderr, flush=True)
             report.update(mode=mode, capacity=capacity, server_ready_s=round(ready_s, 1), server_version=version,
@@ -380,7 +382,7 @@ def write_results(args, command: str, info: dict, reports: dict[str, dict], entr
     ladder_note = "" if not load else (
         f"\nLoad ladder step `{load['name']}`: Poisson at {load['fraction']:g} x saturation {load['saturation']['rps']} "
         f"req/s ({load['saturation']['source']}); the modes' servers each replayed every step of the ladder in "
-        f"order (warm-up before the first only).")
+        f"order (warm-up before the first only; each shape's solo latency measured at the first step that has it).")
     solo_rows = "\n".join(
         f"| {shape} | " + " | ".join(_fmt(reports[m].get("solo_latency_ms", {}).get(shape), 1) for m in reports) + " |"
         for shape in shapes)

@@ -81,6 +81,20 @@ def test_loadgen_smoke_against_server(server):
     assert report["server_rss_mb_peak"] > 0
 
 
+def test_known_solo_latencies_are_not_measured_again(server):
+    """A ladder's later loads reuse the solo latencies measured at its first (perf/matched_control.py)."""
+    quick = {"prompt": "a red cat", "height": 64, "width": 64, "num_inference_steps": 3, "guidance_scale": 1.0}
+    entries = [{**quick, "t": 0.0, "seed": 1}, {**quick, "t": 0.01, "seed": 2, "num_inference_steps": 4}]
+    cfg = loadgen.LoadgenConfig(url=server.grpc_url, entries=entries, source="known solo", warmup=0, solo_repeats=1,
+                                known_solo_ms={"64x64-3steps-nocfg": 12.5, "96x96-9steps-cfg": 1.0},
+                                timeout_s=60, verbose=False)
+    report = asyncio.run(loadgen.run(cfg))
+    assert report["completed_requests"] == 2 and report["lost"] == 0
+    assert report["solo_known_shapes"] == ["64x64-3steps-nocfg"]   # a shape not in the trace is not carried
+    assert report["solo_latency_ms"]["64x64-3steps-nocfg"] == 12.5
+    assert report["solo_latency_ms"]["64x64-4steps-nocfg"] > 0     # the new shape is measured
+
+
 def test_matched_control_keeps_a_deployments_fault_rules(tmp_path):
     # Its mode variants must carry [[faults.rules]] over: the H200-timing deployment is made of them.
     sys.path.insert(0, str(ROOT / "perf"))
