@@ -823,6 +823,13 @@ async def run(cfg: LoadgenConfig) -> dict:
         report["server_counts_consistent"] = bool(server["server_completed"] >= report["completed_requests"]
                                                   and srv_total <= len(records))
     report.update(sampler.summary())
+    # Each request's latencies in trace order (replays after one another; None: not completed), so
+    # that two modes' runs of one trace compare request by request (perf/scheduler_summary.py).
+    ordered = sorted(records, key=lambda r: r.index)
+    report["e2el_ms_by_request"] = [round(r.e2el_s * 1000, 3) if r.outcome == "completed" and r.e2el_s is not None
+                                    else None for r in ordered]
+    report["ttfs_ms_by_request"] = [round(r.ttfs_s * 1000, 3) if r.outcome == "completed" and r.ttfs_s is not None
+                                    else None for r in ordered]
     if cfg.per_request:
         report["requests"] = [{**asdict(r), "e2el_ms": None if r.e2el_s is None else round(r.e2el_s * 1000, 3),
                                "ttfs_ms": None if r.ttfs_s is None else round(r.ttfs_s * 1000, 3)} for r in records]

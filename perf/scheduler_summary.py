@@ -5,6 +5,8 @@ Each input is what perf/gpu_recipe.sh's scheduler stage brings back: a folder ho
 reports (`*-matched-control*.json`), or the `control_all.tgz` it packs them in. Per trace and load it
 keeps both modes' throughput, p50, p99, mean, time to first step and mean step batch, and the ratios
 of the compared mode to the first one, so a summary is regenerated from the raw files, not typed.
+Where the reports hold each request's latency (loadgen since 2026-12-03, session 21), the p50 and
+mean ratios get 95 % paired-bootstrap intervals (shown in brackets).
 
     python perf/scheduler_summary.py --out perf/results/2026-12-03-h200-scheduler.json \\
         "1024px, floor 0.95=perf/results/2026-12-03-h200-s21/call1-sched-1024" ...
@@ -13,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
+import statistics
 import sys
 import tarfile
 from pathlib import Path
@@ -22,6 +26,23 @@ METRICS = {"throughput_req_s": "request_throughput", "p50_ms": "p50_e2el_ms", "p
            "mean_step_batch": "mean_step_batch_size", "completed": "completed_requests",
            "failed": "failed_requests", "lost": "lost", "duplicated": "duplicated"}
 RATIOS = ("p50_ms", "p99_ms", "mean_ms", "throughput_req_s", "ttfs_p50_ms")
+RESAMPLES = 2000
+
+
+def paired_interval(base: list, other: list, stat, resamples: int = RESAMPLES, seed: int = 0) -> list[float] | None:
+    """95 % interval of stat(other) / stat(base) over the requests of one trace, resampled in pairs
+    (request i of both runs together: the same arrival, shape and seed), so that a 1.05x median
+    from 40 requests says whether it is more than the draw. None when the runs do not pair up."""
+    pairs = [(b, o) for b, o in zip(base, other) if b is not None and o is not None]
+    if len(base) != len(other) or len(pairs) < 10:
+        return None
+    rng = random.Random(seed)
+    ratios = []
+    for _ in range(resamples):
+        sample = [pairs[rng.randrange(len(pairs))] for _ in pairs]
+        ratios.append(stat([o for _, o in sample]) / stat([b for b, _ in sample]))
+    ratios.sort()
+    return [round(ratios[int(0.025 * resamples)], 3), round(ratios[int(0.975 * resamples) - 1], 3)]
 
 
 def read_reports(source: Path) -> list[dict]:
@@ -47,6 +68,12 @@ def summarise(label: str, report: dict) -> dict:
     runs = {mode: {key: report["reports"][mode].get(src) for key, src in METRICS.items()} for mode in modes}
     base, other = runs[modes[0]], runs[modes[-1]]
     load = report.get("load") or {}
+    by_request = {mode: report["reports"][mode].get("e2el_ms_by_request") for mode in (modes[0], modes[-1])}
+    intervals = {}
+    if all(by_request.values()):
+        first, last = by_request[modes[0]], by_request[modes[-1]]
+        intervals = {"p50_ms": paired_interval(first, last, statistics.median),
+                     "mean_ms": paired_interval(first, last, statistics.fmean)}
     return {
         "ladder": label,
         "trace": report["reports"][modes[0]].get("source"),
@@ -58,19 +85,28 @@ def summarise(label: str, report: dict) -> dict:
         "ratios": {f"{modes[-1]}/{modes[0]}": {
             key: round(other[key] / base[key], 3) if base[key] and other[key] is not None else None
             for key in RATIOS}},
+        # 95 % paired-bootstrap intervals of those ratios (reports written since 2026-12-03, session 21)
+        "ratio_intervals_95": intervals,
     }
 
 
 def table(rows: list[dict]) -> str:
     lines = ["| ladder | load (offered req/s) | p50 | p99 | mean | throughput | TTFS p50 | TTFS p50 ms | mean step batch |",
              "|---|---|---|---|---|---|---|---|---|"]
+
+    def cell(row: dict, ratios: dict, key: str) -> str:
+        if ratios[key] is None:
+            return "-"
+        interval = row["ratio_intervals_95"].get(key)
+        return f"{ratios[key]:.2f}x" + (f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "")
+
     for row in rows:
         (pair, r), = row["ratios"].items()
         base, other = (row["runs"][m] for m in pair.split("/")[::-1])
         fraction = row["load_fraction"]
         lines.append(
             f"| {row['ladder']} | {fraction if fraction is not None else '-'} ({row['offered_req_s']}) | "
-            + " | ".join(f"{r[k]:.2f}x" if r[k] is not None else "-" for k in RATIOS)
+            + " | ".join(cell(row, r, k) for k in RATIOS)
             + f" | {other['ttfs_p50_ms']:.0f} ({base['ttfs_p50_ms']:.0f}) | "
               f"{other['mean_step_batch']:.2f} ({base['mean_step_batch']:.2f}) |")
     return "\n".join(lines)

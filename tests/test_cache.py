@@ -87,12 +87,8 @@ def test_a_family_without_a_cached_forward_refuses_cache_tiers_at_load(tmp_path)
         adapter_for(flux.model.family)(flux, "dit")
 
 
-@pytest.mark.parametrize("config", ["tiny-pixart-shapes.toml", "tiny-wan-t2v.toml", "tiny-wan-i2v.toml"])
-def test_lossless_rows_of_the_cached_path_equal_the_plain_forward_bit_for_bit(config):
-    """The in-process half of the parity claim, per family with a cached forward: beside
-    requests that reuse (and so leave the batch for the later blocks), a lossless request's
-    output equals that of the plain forward of the same batch exactly; with no reuse at all the
-    cached path is the plain forward."""
+def _three_cfg_requests(config: str) -> tuple:
+    """dit's adapter for a family with a cached forward, and three CFG requests at different timesteps."""
     from ditserve.adapters import adapter_for
     from ditserve.schema import GenerationParams
 
@@ -103,13 +99,52 @@ def test_lossless_rows_of_the_cached_path_equal_the_plain_forward_bit_for_bit(co
         blocks.append(copy.deepcopy(blocks[0]))
     frames = {"num_frames": 9} if deployment.is_video else {}
     states = []
-    for i, steps in enumerate((12, 8, 5)):   # three CFG requests at different timesteps
+    for i, steps in enumerate((12, 8, 5)):
         params = GenerationParams(f"prompt {i}", "", 64, 64, steps, 4.5, i, **frames)
         cond = adapter.example_conditioning(params)
         cond.embeds = torch.randn(2, *cond.embeds.shape[1:], generator=torch.Generator().manual_seed(i))
         cond.mask = torch.ones(2, cond.mask.shape[1], dtype=torch.int64)
         cond.mask[:, 12:] = 0
         states.append(adapter.prepare(str(i), params, cond))
+    return adapter, states
+
+
+@pytest.mark.parametrize("config", ["tiny-pixart-shapes.toml", "tiny-wan-t2v.toml", "tiny-wan-i2v.toml"])
+def test_segmented_cached_forward_equals_the_eager_one(config):
+    """cache_graphs.CachedGraphs (the cached forward cut into head / rest / tail for CUDA graphs),
+    captured where a GPU is present, else run on its static buffers: over steps where the requests
+    compute, reuse or mix, its outputs and cache hits equal the eager cached forward's."""
+    from ditserve.accel import signature
+    from ditserve.cache_graphs import CachedGraphs
+
+    adapter, states = _three_cfg_requests(config)
+    capture = adapter.device.type == "cuda"
+    graphs = CachedGraphs(adapter.forward, adapter.pipe.transformer, adapter.cache_blocks, [1, 2, 4, 8],
+                          pool=torch.cuda.graph_pool_handle() if capture else None, capture=capture)
+    inputs = adapter.batch_inputs(states)
+    sig = signature(inputs, {})
+    graphs.capture_all(sig, *inputs)
+    assert graphs.fits(sig, 6) and not graphs.fits(sig, 9)
+    eager_caches = [RowCache(threshold=0.2), None, RowCache(threshold=1e9)]
+    segment_caches = copy.deepcopy(eager_caches)
+    for scale in (1.0, 1.02, 1.6, 1.001):   # the latents move: all compute; 0 and 2 reuse; 0 computes; both reuse
+        for state in states:
+            state.latents = state.latents * scale
+        inputs = adapter.batch_inputs(states)
+        eager = adapter.cached_forward(*inputs, eager_caches)
+        segmented = graphs(sig, *inputs, segment_caches)
+        assert torch.allclose(segmented, eager, rtol=1e-4, atol=1e-5), (scale, (segmented - eager).abs().max())
+        assert [c.hits for c in segment_caches if c] == [c.hits for c in eager_caches if c]
+    assert segment_caches[0].hits >= 1 and segment_caches[2].hits == 3   # steps that mixed rest and tail rows
+
+
+@pytest.mark.parametrize("config", ["tiny-pixart-shapes.toml", "tiny-wan-t2v.toml", "tiny-wan-i2v.toml"])
+def test_lossless_rows_of_the_cached_path_equal_the_plain_forward_bit_for_bit(config):
+    """The in-process half of the parity claim, per family with a cached forward: beside
+    requests that reuse (and so leave the batch for the later blocks), a lossless request's
+    output equals that of the plain forward of the same batch exactly; with no reuse at all the
+    cached path is the plain forward."""
+    adapter, states = _three_cfg_requests(config)
     plain = adapter.denoise(states)
     caches = [RowCache(threshold=1e9), None, RowCache(threshold=1e9)]   # always reuse once cached
     for state, cache in zip(states, caches):

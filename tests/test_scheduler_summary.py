@@ -44,6 +44,19 @@ def test_reports_in_a_folder_and_its_tarball_count_once_per_load(tmp_path: Path)
     ratios = written["traces"][1]["ratios"]["step:cost/request_batch"]
     assert ratios["p50_ms"] == 0.8 and ratios["throughput_req_s"] == 0.95
     assert written["traces"][0]["runs"]["request_batch"]["p50_ms"] == 500.0
+    assert written["traces"][0]["ratio_intervals_95"] == {}   # no per-request latencies: no interval
+
+
+def test_paired_intervals_bracket_the_ratio_and_shrink_when_every_request_moves_alike() -> None:
+    base = [100.0 + 10 * i for i in range(40)]
+    uniform = summary.paired_interval(base, [0.8 * b for b in base], summary.statistics.median)
+    assert uniform == [0.8, 0.8]
+    noisy = [b * (0.6 if i % 2 else 1.0) for i, b in enumerate(base)]
+    low, high = summary.paired_interval(base, noisy, summary.statistics.fmean)
+    assert low < summary.statistics.fmean(noisy) / summary.statistics.fmean(base) < high and high - low > 0.05
+    assert summary.paired_interval(base, base[:-1], summary.statistics.median) is None   # not the same trace
+    with_lost = [None] * 35 + base[35:]
+    assert summary.paired_interval(base, with_lost, summary.statistics.median) is None   # too few pairs
 
 
 def test_a_folder_without_reports_is_refused_with_what_to_pass(tmp_path: Path) -> None:

@@ -146,32 +146,40 @@ def _unflat(tensors: list[torch.Tensor], names: list[str]) -> tuple:
 
 
 class BucketGraph:
-    """One row bucket's compiled forward captured in a CUDA graph, over static input buffers.
+    """One row bucket's forward captured in a CUDA graph, over static input buffers.
 
     Replaying skips everything on the host that a compiled call still does per step (dynamo's
     guards, the wrapper code, one launch per kernel): what a launch-bound step costs. A call
     copies its rows into the buffers (padding rows repeat the last real one), replays, and
-    clones its rows of the output: the next replay overwrites it. Graphs share one memory
+    clones its rows of the output(s): the next replay overwrites them. Graphs share one memory
     pool; the largest bucket is captured first, so its pool serves the smaller ones.
+    `run(static)` returns a tensor or a tuple of them; `capture=False` calls it on the buffers
+    instead of replaying (a CPU device has no graphs: cache_graphs' tests).
     """
 
-    def __init__(self, forward: Callable, inputs: list[torch.Tensor], names: list[str], pool: Any):
+    def __init__(self, run: Callable[[list[torch.Tensor]], Any], inputs: list[torch.Tensor], pool: Any,
+                 capture: bool = True):
         self.static = [t.clone() for t in inputs]
+        self.run, self.graph = run, None
+        if not capture:
+            return
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            forward(*_unflat(self.static, names))   # compiled and run once outside the capture
+            run(self.static)   # compiled (if it compiles) and run once outside the capture
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool):
-            self.out = forward(*_unflat(self.static, names))
+            self.out = run(self.static)
 
-    def __call__(self, inputs: list[torch.Tensor]) -> torch.Tensor:
+    def __call__(self, inputs: list[torch.Tensor]) -> Any:
         rows = inputs[0].shape[0]
         for buffer, t in zip(self.static, inputs):
             buffer.copy_(_pad_rows(t, buffer.shape[0]))
-        self.graph.replay()
-        return self.out[:rows].clone()
+        out = self.run(self.static) if self.graph is None else (self.graph.replay(), self.out)[1]
+        if isinstance(out, torch.Tensor):
+            return out[:rows].clone()
+        return [t[:rows].clone() for t in out]
 
 
 class TransformerRunner:
@@ -183,9 +191,10 @@ class TransformerRunner:
         # CUDA graphs: (signature, bucket) -> its captured graph; on a CPU device, compiled only.
         self.graphs: dict[tuple, BucketGraph] | None = (
             {} if accel.transformer == "cuda_graphs" and device.type == "cuda" else None)
-        self._pool = torch.cuda.graph_pool_handle() if self.graphs is not None else None
+        self.pool = torch.cuda.graph_pool_handle() if self.graphs is not None else None
         self.eager = forward
         self._warming = False
+        self._notes: list[str] = []
         self._eager_calls = 0
         self._graph_calls = 0
         self.warm_seconds: dict[int, float] = {}   # bucket -> seconds its last warm-up took
@@ -207,7 +216,8 @@ class TransformerRunner:
             start = time.monotonic()
             padded = [_pad_rows(t, size) for t in inputs]
             if self.graphs is not None:   # warming: compile, then capture this bucket
-                self.graphs[(sig, size)] = BucketGraph(self.compiled, padded, names, self._pool)
+                run = lambda static, names=names: self.compiled(*_unflat(static, names))  # noqa: E731
+                self.graphs[(sig, size)] = BucketGraph(run, padded, self.pool)
                 out = self.graphs[(sig, size)](inputs)
             else:
                 out = self.compiled(*_unflat(padded, names))[:rows]
@@ -231,11 +241,26 @@ class TransformerRunner:
             self._warming = False
             buckets = ", ".join(f"{b} rows {s} s" for b, s in self.warm_seconds.items())
             report.variants.append(f"{variant} ({buckets})")
+            report.variants += self._notes
+            self._notes = []
 
     def count_eager(self) -> None:
         """One forward that ran eager outside the runner: a batch holding a lossy quality tier
         (the adapter's cached forward)."""
         self._eager_calls += 1
+
+    def count_graph(self) -> None:
+        """One forward replayed from graphs outside the runner (cache_graphs.CachedGraphs)."""
+        self._graph_calls += 1
+
+    @property
+    def is_warming(self) -> bool:
+        """Inside `warming`: forwards compile and capture."""
+        return self._warming
+
+    def note(self, line: str) -> None:
+        """A line for the warm-up report of the current `warming` (the load-time log)."""
+        self._notes.append(line)
 
     @property
     def calls(self) -> dict[str, int]:

@@ -62,6 +62,40 @@ def rows_of(index: int, rows: int) -> slice:
     return slice(index * rows, (index + 1) * rows)
 
 
+def plan_reuse(first_in: torch.Tensor, first_out: torch.Tensor,
+               caches: list[RowCache | None]) -> tuple[torch.Tensor, list[bool]]:
+    """The first block's residual, and whether each request reuses this step (one device-to-host read)."""
+    rows = first_in.shape[0] // len(caches)
+    residual = first_out - first_in
+    return residual, [cache is not None and cache.reusable(change)
+                      for cache, change in zip(caches, changes(residual, caches, rows))]
+
+
+def request_rows(requests: list[int], rows: int, device: torch.device) -> torch.Tensor:
+    """The batch rows of `requests` (indices into the batch's requests of `rows` rows each)."""
+    return torch.cat([torch.arange(i * rows, (i + 1) * rows) for i in requests]).to(device)
+
+
+def reused_hidden(first_out: torch.Tensor, caches: list[RowCache | None], reused: list[int], rows: int) -> torch.Tensor:
+    """The hidden states after all blocks of the `reused` requests' rows: their first block's
+    output plus the residual the other blocks added when they last ran; counts the hits."""
+    for i in reused:
+        caches[i].hits += 1
+    return torch.cat([first_out[rows_of(i, rows)] + caches[i].rest_residual for i in reused])
+
+
+def remember(caches: list[RowCache | None], compute: list[int], residual: torch.Tensor, first_out: torch.Tensor,
+             rest_out: torch.Tensor, rows: int) -> None:
+    """Store what this step computed (as diffusers, only on a computed step): per computing request
+    with a cache, its first block's residual and what the other blocks added; `rest_out` holds the
+    computing requests' rows after the other blocks, in `compute` order."""
+    for position, i in enumerate(compute):
+        cache = caches[i]
+        if cache is not None:
+            cache.first_residual = residual[rows_of(i, rows)].clone()
+            cache.rest_residual = rest_out[rows_of(position, rows)] - first_out[rows_of(i, rows)]
+
+
 def apply_first_block_cache(first_in: torch.Tensor, first_out: torch.Tensor, caches: list[RowCache | None],
                             run_rest: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """The hidden states after all blocks, for a batch of len(caches) requests of equal row count.
@@ -70,28 +104,21 @@ def apply_first_block_cache(first_in: torch.Tensor, first_out: torch.Tensor, cac
     `caches[i]`: request i's cache, None for `lossless`. `run_rest(index, hidden)` runs the
     other blocks on the rows `index` of the batch (hidden holds just those rows; None = all)."""
     rows = first_in.shape[0] // len(caches)
-    residual = first_out - first_in
-    reuse = [cache is not None and cache.reusable(change)
-             for cache, change in zip(caches, changes(residual, caches, rows))]
-    out = first_out.clone()
-    for i, cache in enumerate(caches):
-        if reuse[i]:
-            out[rows_of(i, rows)] += cache.rest_residual
-            cache.hits += 1
+    residual, reuse = plan_reuse(first_in, first_out, caches)
     compute = [i for i, hit in enumerate(reuse) if not hit]
+    reused = [i for i, hit in enumerate(reuse) if hit]
+    out = first_out.clone()
+    if reused:
+        out.index_copy_(0, request_rows(reused, rows, out.device), reused_hidden(first_out, caches, reused, rows))
     if not compute:
         return out
     if len(compute) == len(caches):   # nobody reuses: the plain batch, no gather
         out = computed = run_rest(None, first_out)
     else:
-        index = torch.cat([torch.arange(i * rows, (i + 1) * rows) for i in compute]).to(first_out.device)
+        index = request_rows(compute, rows, first_out.device)
         computed = run_rest(index, first_out.index_select(0, index))
         out.index_copy_(0, index, computed)
-    for position, i in enumerate(compute):
-        cache = caches[i]
-        if cache is not None:   # store what this step computed, as diffusers does only on compute
-            cache.first_residual = residual[rows_of(i, rows)].clone()
-            cache.rest_residual = computed[rows_of(position, rows)] - first_out[rows_of(i, rows)]
+    remember(caches, compute, residual, first_out, computed, rows)
     return out
 
 
@@ -137,12 +164,19 @@ class _CachedBlocks(torch.nn.Module):
 
 
 @contextlib.contextmanager
-def first_block_cache(transformer: torch.nn.Module, blocks: str, caches: list[RowCache | None]) -> Iterator[None]:
-    """Inside, `transformer`'s forward applies each request's First-Block Cache to its block
-    list `blocks` (requests of equal row count, in batch order)."""
+def swapped_blocks(transformer: torch.nn.Module, blocks: str, stand_in: torch.nn.Module) -> Iterator[None]:
+    """Inside, `transformer`'s forward iterates `stand_in` where it iterates its block list `blocks`."""
     original = getattr(transformer, blocks)
-    setattr(transformer, blocks, _CachedBlocks(original, caches))
+    setattr(transformer, blocks, stand_in)
     try:
         yield
     finally:
         setattr(transformer, blocks, original)
+
+
+@contextlib.contextmanager
+def first_block_cache(transformer: torch.nn.Module, blocks: str, caches: list[RowCache | None]) -> Iterator[None]:
+    """Inside, `transformer`'s forward applies each request's First-Block Cache to its block
+    list `blocks` (requests of equal row count, in batch order)."""
+    with swapped_blocks(transformer, blocks, _CachedBlocks(getattr(transformer, blocks), caches)):
+        yield

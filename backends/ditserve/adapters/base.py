@@ -31,10 +31,11 @@ from typing import Callable, ClassVar
 import torch
 from diffusers.utils.torch_utils import randn_tensor
 
-from ..accel import TransformerRunner, WarmCompiled, WarmupReport, prefer_attention, warm_attribute, warming
+from ..accel import TransformerRunner, WarmCompiled, WarmupReport, prefer_attention, signature, warm_attribute, warming
 from ..fp8 import apply_fp8
 from ..batched_step import BatchedSolver, solver_for, warn_fallback
 from ..cache import RowCache, first_block_cache
+from ..cache_graphs import CachedGraphs
 from ..deployment import Deployment
 from ..schema import GenerationParams, check_params
 from ..state import RequestState, TextConditioning
@@ -91,6 +92,7 @@ class FamilyAdapter(ABC):
         self.check_limits(stage)
         self.stage = stage
         self.runners: dict[str, TransformerRunner] = {}   # dit: one per transformer module
+        self.cached_graphs: dict[str, CachedGraphs] = {}  # dit with CUDA graphs and quality tiers: per module
         self.run_forward, self.stage_runner = self._accelerate(stage)
         # dit: the scheduler step of a whole batch at once, where the scheduler is covered
         self.solver: BatchedSolver | None = solver_for(self.pipe.scheduler) \
@@ -109,8 +111,11 @@ class FamilyAdapter(ABC):
             for module in self.transformer_modules:
                 if accel.fp8:
                     apply_fp8(getattr(self.pipe, module))
-                self.runners[module] = TransformerRunner(self.forward_for(module), accel,
-                                                         self.deployment.engine.capacity, self.device)
+                runner = TransformerRunner(self.forward_for(module), accel, self.deployment.engine.capacity, self.device)
+                self.runners[module] = runner
+                if runner.graphs is not None and self.deployment.cache.tiers and self.cache_blocks is not None:
+                    self.cached_graphs[module] = CachedGraphs(self.forward_for(module), getattr(self.pipe, module),
+                                                              self.cache_blocks, runner.buckets, runner.pool)
             return self.runners["transformer"], None
         if stage == "text_encoder" and accel.text_encoder == "compile":
             return None, warm_attribute(self.pipe.text_encoder, "forward", accel)
@@ -130,6 +135,10 @@ class FamilyAdapter(ABC):
                     state.modules = (module,) * state.total_steps
                     with runner.warming(report, size if module == "transformer" else f"{size} {module}"):
                         self.denoise([state])
+                        if module in self.cached_graphs:   # the quality tiers' segments too
+                            state.cache = RowCache(threshold=0.0)
+                            self.denoise([state])
+                            state.cache = None
             elif self.stage == "vae_decode":
                 # Dynamic batching hands the decode 1..N latents: a batch of 2 compiles the dynamic
                 # graph that serves 2..N, a batch of 1 its special case (dynamo specialises size 1).
@@ -263,7 +272,7 @@ class FamilyAdapter(ABC):
     def denoise(self, states: list[RequestState]) -> list[torch.Tensor]:
         """One guided model output per state; all states must share a compat key.
 
-        A batch holding a lossy `quality` tier runs the eager cached forward. With a compiled
+        A batch holding a lossy `quality` tier runs the cached forward (`_cached`). With a compiled
         transformer, lossless requests of that batch run apart, compiled: the result of a
         lossless request never depends on its peers' tiers."""
         runner = self.runners[states[0].module]   # one compat key: one module
@@ -272,6 +281,23 @@ class FamilyAdapter(ABC):
             lossy = [s for s in states if s.cache is not None]
             outputs = dict(zip([s.key for s in lossless + lossy], self.denoise(lossless) + self.denoise(lossy)))
             return [outputs[s.key] for s in states]
+        inputs = self.batch_inputs(states)
+        caches = [s.cache for s in states]
+        if any(cache is not None for cache in caches):   # a lossy tier in the batch: the cached path
+            before = sum(cache.hits for cache in caches if cache is not None)
+            out = self._cached(states[0].module, inputs, caches)
+            self.cache_hits += sum(cache.hits for cache in caches if cache is not None) - before
+        else:
+            out = runner(*inputs)
+        if not states[0].params.do_cfg:   # one compat key: all states guide alike
+            return list(out.split(1))
+        # CFG over the batch at once, rows [negative, prompt] per request, each with its own scale.
+        scales = torch.tensor([self.guidance_scale(s) for s in states], dtype=torch.float32, device=out.device)
+        return list(self.guide(out[0::2], out[1::2], scales.view(-1, *[1] * (out.ndim - 1))).split(1))
+
+    def batch_inputs(self, states: list[RequestState]) -> tuple[torch.Tensor, torch.Tensor, TextConditioning]:
+        """The transformer's inputs for a step batch (one compat key): each request's rows
+        ([negative, prompt] with CFG), its timestep per row, its text conditioning."""
         latents, timesteps, embeds, masks = [], [], [], []
         extras = {name: [] for name in states[0].cond.extra}
         for s in states:
@@ -285,21 +311,28 @@ class FamilyAdapter(ABC):
             masks.append(s.cond.mask)
             for name, t in s.cond.extra.items():  # one row shared by the CFG rows, or one per row
                 extras[name].append(t.expand(rows, *t.shape[1:]))
-        inputs = (torch.cat(latents), torch.cat(timesteps).to(self.device),
-                  TextConditioning(torch.cat(embeds), torch.cat(masks), {name: torch.cat(ts) for name, ts in extras.items()}))
-        caches = [s.cache for s in states]
-        if any(cache is not None for cache in caches):   # a lossy tier in the batch: the eager cached path
-            before = sum(cache.hits for cache in caches if cache is not None)
-            out = self.cached_forward(*inputs, caches)
-            runner.count_eager()
-            self.cache_hits += sum(cache.hits for cache in caches if cache is not None) - before
-        else:
-            out = runner(*inputs)
-        if not states[0].params.do_cfg:   # one compat key: all states guide alike
-            return list(out.split(1))
-        # CFG over the batch at once, rows [negative, prompt] per request, each with its own scale.
-        scales = torch.tensor([self.guidance_scale(s) for s in states], dtype=torch.float32, device=out.device)
-        return list(self.guide(out[0::2], out[1::2], scales.view(-1, *[1] * (out.ndim - 1))).split(1))
+        return (torch.cat(latents), torch.cat(timesteps).to(self.device),
+                TextConditioning(torch.cat(embeds), torch.cat(masks), {name: torch.cat(ts) for name, ts in extras.items()}))
+
+    def _cached(self, module: str, inputs: tuple, caches: list[RowCache | None]) -> torch.Tensor:
+        """The cached forward of a batch holding a lossy tier: in CUDA graphs where its shape was
+        captured at load (cache_graphs.py), else eager. A capture that fails at load leaves the
+        eager path serving, and the warm-up report says why."""
+        runner, graphs = self.runners[module], self.cached_graphs.get(module)
+        if graphs is not None:
+            sig = signature(inputs, {})
+            if runner.is_warming:
+                try:
+                    graphs.capture_all(sig, *inputs)
+                except Exception as exc:   # noqa: BLE001: any capture failure leaves the eager path
+                    del self.cached_graphs[module]
+                    runner.note(f"quality tiers stay eager: their segments did not capture ({type(exc).__name__}: {exc})")
+                    graphs = None
+            if graphs is not None and graphs.fits(sig, inputs[0].shape[0]):
+                runner.count_graph()
+                return graphs(sig, *inputs, caches)
+        runner.count_eager()
+        return self.cached_forward(*inputs, caches)
 
     def guidance_scale(self, state: RequestState) -> float:
         """The CFG scale of the state's next step (Wan2.2 guides its low-noise expert's steps apart)."""
