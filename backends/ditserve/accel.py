@@ -176,7 +176,11 @@ class BucketGraph:
         rows = inputs[0].shape[0]
         for buffer, t in zip(self.static, inputs):
             buffer.copy_(_pad_rows(t, buffer.shape[0]))
-        out = self.run(self.static) if self.graph is None else (self.graph.replay(), self.out)[1]
+        if self.graph is None:
+            out = self.run(self.static)
+        else:
+            self.graph.replay()
+            out = self.out
         if isinstance(out, torch.Tensor):
             return out[:rows].clone()
         return [t[:rows].clone() for t in out]
