@@ -39,6 +39,7 @@ from ..cache_graphs import CachedGraphs
 from ..deployment import Deployment
 from ..schema import GenerationParams, check_params
 from ..state import RequestState, TextConditioning
+from ..text_padding import trim_encoder_padding, warm_lengths
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -94,6 +95,8 @@ class FamilyAdapter(ABC):
         self.runners: dict[str, TransformerRunner] = {}   # dit: one per transformer module
         self.cached_graphs: dict[str, CachedGraphs] = {}  # dit with CUDA graphs and quality tiers: per module
         self.run_forward, self.stage_runner = self._accelerate(stage)
+        # text_encoder: a T5-family encoder runs on the prompts' tokens, not the padding (text_padding.py)
+        self.text_trim = trim_encoder_padding(self.pipe.text_encoder) if stage == "text_encoder" else None
         # dit: the scheduler step of a whole batch at once, where the scheduler is covered
         self.solver: BatchedSolver | None = solver_for(self.pipe.scheduler) \
             if stage == "dit" and deployment.accel.scheduler_step == "batched" else None
@@ -150,6 +153,8 @@ class FamilyAdapter(ABC):
             for rows in (2, 1):   # with and without CFG: one dynamic compile, and the size-1 special case
                 with warming(self.stage_runner, report, f"{rows} texts"):
                     self.encode_text(["warm up"] * rows)
+                    if self.stage_runner is not None and self.text_trim is not None:   # every trimmed length
+                        warm_lengths(self.pipe.text_encoder, self.deployment.model.max_sequence_length, rows)
         return report
 
     def warm_params(self) -> list[GenerationParams]:
