@@ -136,6 +136,11 @@ def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
     return t if extra == 0 else torch.cat([t, t[-1:].expand(extra, *t.shape[1:])])
 
 
+def row_bucket(buckets: list[int], rows: int) -> int | None:
+    """The smallest of `buckets` (ascending) holding `rows` rows; None past the largest."""
+    return next((b for b in buckets if b >= rows), None)
+
+
 def _flat(latents: torch.Tensor, timesteps: torch.Tensor, cond: TextConditioning) -> list[torch.Tensor]:
     return [latents, timesteps, cond.embeds, cond.mask, *(cond.extra[k] for k in sorted(cond.extra))]
 
@@ -205,7 +210,7 @@ class TransformerRunner:
 
     def __call__(self, latents: torch.Tensor, timesteps: torch.Tensor, cond: TextConditioning) -> torch.Tensor:
         rows, sig = latents.shape[0], signature((latents, timesteps, cond), {})
-        bucket = next((b for b in self.buckets if b >= rows), None)
+        bucket = row_bucket(self.buckets, rows)
         warm = self.compiled is not None and sig in self.compiled.warm
         if bucket is None or not (warm or self._warming):
             self._eager_calls += 1

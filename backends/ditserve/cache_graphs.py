@@ -23,12 +23,9 @@ from typing import Callable, Iterator
 
 import torch
 
-from .accel import BucketGraph, _flat, _pad_rows, _unflat
+from .accel import BucketGraph, _flat, _pad_rows, _unflat, row_bucket
 from .cache import RowCache, plan_reuse, remember, request_rows, reused_hidden, swapped_blocks
 from .state import TextConditioning
-
-SEGMENTS = ("head", "rest", "tail")
-
 
 class _Parts(torch.nn.Module):
     """A stand-in block list: iterating it yields one segment's callables."""
@@ -55,12 +52,9 @@ class CachedGraphs:
         self.segments: dict[tuple, BucketGraph] = {}   # (signature, segment, bucket) -> its graph
         self.warm: set[tuple] = set()
 
-    def bucket(self, rows: int) -> int | None:
-        return next((b for b in self.buckets if b >= rows), None)
-
     def fits(self, sig: tuple, rows: int) -> bool:
         """Whether a cached forward of `rows` rows with this signature has its segments."""
-        return sig in self.warm and self.bucket(rows) is not None
+        return sig in self.warm and row_bucket(self.buckets, rows) is not None
 
     def capture_all(self, sig: tuple, latents: torch.Tensor, timesteps: torch.Tensor, cond: TextConditioning) -> None:
         """Capture every segment for every bucket (the largest first: its memory pool then serves
@@ -106,7 +100,7 @@ class CachedGraphs:
 
     # ---- the segments -------------------------------------------------------------------
     def _run(self, sig: tuple, segment: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-        return self.segments[(sig, segment, self.bucket(inputs[0].shape[0]))](inputs)
+        return self.segments[(sig, segment, row_bucket(self.buckets, inputs[0].shape[0]))](inputs)
 
     def _graph(self, run: Callable[[list[torch.Tensor]], tuple], inputs: list[torch.Tensor]) -> BucketGraph:
         return BucketGraph(run, inputs, self.pool, capture=self.capture)
