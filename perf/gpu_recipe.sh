@@ -429,7 +429,7 @@ stage_cache() {
 # Issue 20's served rows (perf/accel_bench.py --tiers): lossless, then each lossy tier of
 # CACHE_SERVED_TIERS (default fast=0.07, the trained tiny model's calibration, plus t10=0.1 t20=0.2
 # for the speed against steps reused) on one server with the GPU configs' [accel] (lossless rows run
-# the CUDA graphs, lossy rows the eager cached forward), solo and a closed loop at capacity.
+# the CUDA graphs, lossy rows the captured cached segments of cache_graphs.py), solo and a closed loop at capacity.
 cache_row() {
     local tiers=(${CACHE_SERVED_TIERS:-fast=0.07 t10=0.1 t20=0.2}) names
     names=$(printf ',%s' "${tiers[@]%%=*}")
