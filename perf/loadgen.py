@@ -560,7 +560,30 @@ def server_summary(before: dict, after: dict, model: str = MODEL) -> dict:
     out["step_batches"] = int(metric_delta(before, after, "ditserve_step_batch_size_count", dit))
     out["step_batch_size_histogram"] = bucket_counts(before, after, "ditserve_step_batch_size", dit)
     out["mean_step_duration_ms"] = ms(histogram_mean(before, after, "ditserve_step_duration_seconds", dit))
+    out["ttfs_split_ms"] = ttfs_split(before, after, model, out["server_mean_ttfs_ms"], out["stage_mean_ms"]["encode"])
     return out
+
+
+def ttfs_split(before: dict, after: dict, model: str, ttfs_ms: float | None, encode_ms: float | None) -> dict:
+    """The server's mean time to first step in its parts (ms): `encode` (the public model's call to
+    text_encoder, of which text_encoder's Triton queue and compute per request), `admission_wait`
+    (conditioning handed over -> dit admits it: the BLS hop, dit's queue, the running step),
+    `admission`, and `first_step_and_rest` (what remains: the first step and the progress hop)."""
+    ms = lambda v: None if v is None else round(v * 1000.0, 3)  # noqa: E731
+    dit, encoder = stage_label(model, "dit"), stage_label(model, "text_encoder")
+    split = {"encode": encode_ms}
+    requests = metric_delta(before, after, "nv_inference_count", encoder)
+    execs = metric_delta(before, after, "nv_inference_exec_count", encoder)
+    if requests > 0 and execs > 0:
+        queue = metric_delta(before, after, "nv_inference_queue_duration_us", encoder) / requests
+        compute = metric_delta(before, after, "nv_inference_compute_infer_duration_us", encoder) / execs
+        split["text_encoder_queue"], split["text_encoder_compute_per_exec"] = round(queue / 1000, 3), round(compute / 1000, 3)
+    for part in ("admission_wait", "admission"):
+        name = "ditserve_admission_wait_seconds" if part == "admission_wait" else "ditserve_admission_duration_seconds"
+        split[part] = ms(histogram_mean(before, after, name, dit))
+    parts = [split[p] for p in ("encode", "admission_wait", "admission")]
+    split["first_step_and_rest"] = None if ttfs_ms is None or None in parts else round(ttfs_ms - sum(parts), 3)
+    return split
 
 
 class Sampler:
@@ -849,7 +872,7 @@ def format_summary(r: dict) -> str:
     ]
     if "mean_step_batch_size" in r:
         lines.append(f"server: mean step batch {f(r['mean_step_batch_size'], 2)}, stages ms {r['stage_mean_ms']}, "
-                     f"ttfs {f(r['server_mean_ttfs_ms'])} ms")
+                     f"ttfs {f(r['server_mean_ttfs_ms'])} ms = {r.get('ttfs_split_ms')}")
     return "\n".join(lines)
 
 

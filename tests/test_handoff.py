@@ -21,8 +21,11 @@ def test_take_returns_what_was_put_and_removes_it(tmp_path):
     store = ConditioningStore(tmp_path / "handoff")
     sent = {"embeds": torch.randn(2, 7, 4), "mask": torch.ones(2, 7, dtype=torch.int64)}
     store.put("gen-1", {name: host(t) for name, t in sent.items()})
-    got = store.take("gen-1")
+    before = time.monotonic()
+    handover = store.take("gen-1")
+    got = handover.tensors
     assert got.keys() == sent.keys() and all(torch.equal(got[k], sent[k]) for k in sent)
+    assert 0 <= before - handover.handed_at < 60   # stamped at put, on the host's monotonic clock
     assert not list(store.root.iterdir())
     with pytest.raises(KeyError, match="no conditioning was handed over for generation gen-1"):
         store.take("gen-1")
@@ -54,7 +57,7 @@ def test_bf16_bytes_and_a_dropped_batch_dim_read_back_as_torch(tmp_path):
     embeds = torch.randn(1, 2, 5, 3).to(torch.bfloat16)
     raw = HostTensor("BF16", tuple(embeds.shape), embeds.view(torch.int16).numpy().tobytes())
     store.put("gen-3", {"embeds": raw.without_batch(), "mask": host(torch.ones(2, 5, dtype=torch.int64))})
-    got = store.take("gen-3")
+    got = store.take("gen-3").tensors
     assert got["embeds"].dtype == torch.bfloat16 and torch.equal(got["embeds"], embeds[0])
     assert torch.equal(got["mask"], torch.ones(2, 5, dtype=torch.int64))
 

@@ -79,6 +79,11 @@ def test_loadgen_smoke_against_server(server):
     histogram = report["step_batch_size_histogram"]
     assert sum(histogram.values()) == report["step_batches"] and all(n >= 0 for n in histogram.values()), histogram
     assert report["server_rss_mb_peak"] > 0
+    split = report["ttfs_split_ms"]   # where the server's time to first step went, in parts that add up
+    assert split["encode"] > 0 and split["admission_wait"] > 0 and split["admission"] > 0, split
+    assert split["text_encoder_compute_per_exec"] > 0 and split["first_step_and_rest"] > 0, split
+    assert split["encode"] + split["admission_wait"] + split["admission"] + split["first_step_and_rest"] == \
+        pytest.approx(report["server_mean_ttfs_ms"], abs=0.01)
 
 
 def test_known_solo_latencies_are_not_measured_again(server):

@@ -13,7 +13,7 @@ from transformers import T5EncoderModel
 from conftest import ROOT, TINY_PIXART
 from ditserve.adapters import adapter_for
 from ditserve.deployment import load_deployment
-from ditserve.text_padding import LENGTHS, TrimPadding, trimmed_length
+from ditserve.text_padding import LENGTHS, TrimPadding, cut_zero_padding, pad_to_mask, trimmed_length
 
 
 def _mask(lengths: list[int], full: int) -> torch.Tensor:
@@ -88,3 +88,21 @@ def test_wan_text_conditioning_equals_the_pipelines_own(config):
         encode.pipe.text_encoder.forward = encode.text_trim.forward   # the encoder as diffusers calls it
         full = encode.encode_prompts(texts).embeds
     assert torch.equal(trimmed, full)
+
+
+def test_zero_padding_is_cut_for_the_trip_to_dit_and_put_back_exactly():
+    """text_encoder sends embeddings without the zeros past the trimmed length; dit pads them back
+    to the mask's length: the very tensor, and nothing cut that is not zero."""
+    mask = _mask([5, 12], 300)
+    embeds = torch.randn(2, 300, 8).to(torch.bfloat16)
+    embeds[:, 32:] = 0
+    cut = cut_zero_padding(embeds, mask)
+    assert cut.shape == (2, 32, 8)
+    assert torch.equal(pad_to_mask(cut, mask), embeds)
+    assert pad_to_mask(embeds, mask) is embeds
+    # A non-zero value past the length (T5 run on its padding, as FLUX.1 and SD3 do), a prompt that
+    # fills the full length, or embeddings whose length is not the mask's: sent whole.
+    embeds[1, 200, 3] = 1
+    assert cut_zero_padding(embeds, mask) is embeds
+    assert cut_zero_padding(torch.zeros(1, 300, 8), _mask([290], 300)).shape == (1, 300, 8)
+    assert cut_zero_padding(torch.zeros(2, 77, 8), mask).shape == (2, 77, 8)

@@ -30,6 +30,7 @@ import math
 import os
 import struct
 import tempfile
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,9 +72,10 @@ class HostTensor:
         return HostTensor(self.dtype, self.shape[1:], self.data)
 
 
-def serialize(tensors: Mapping[str, HostTensor]) -> list[bytes]:
-    """The safetensors file of `tensors` as chunks: 8-byte header size, JSON header, data."""
-    header, offset = {}, 0
+def serialize(tensors: Mapping[str, HostTensor], metadata: Mapping[str, str] | None = None) -> list[bytes]:
+    """The safetensors file of `tensors` (and string `metadata`) as chunks: 8-byte header size,
+    JSON header, data."""
+    header, offset = ({"__metadata__": dict(metadata)} if metadata else {}), 0
     for name, tensor in tensors.items():
         header[name] = {"dtype": tensor.dtype, "shape": list(tensor.shape),
                         "data_offsets": [offset, offset + len(tensor.data)]}
@@ -88,17 +90,26 @@ def default_root(server_pid: int | None = None, pipeline: str | None = None) -> 
     return pipeline_dir(base, "handoff", pipeline, server_pid)
 
 
+@dataclass
+class Handover:
+    """What dit takes at admission: the conditioning, and when the public model handed it over
+    (time.monotonic(), one clock for every process of the host), so that dit can say how long a
+    generation waited between its encode and its admission (ditserve_admission_wait_seconds)."""
+    tensors: dict
+    handed_at: float
+
+
 class ConditioningStore(GenerationFiles):
     def __init__(self, root: Path | None = None, pipeline: str | None = None):
         super().__init__(root or default_root(pipeline=pipeline))
 
     def put(self, key: str, tensors: Mapping[str, HostTensor]) -> None:
-        """Write atomically (a reader never sees half a file)."""
+        """Write atomically (a reader never sees half a file), stamped with the time of handing over."""
         path = self._path(key)
         self.root.mkdir(parents=True, exist_ok=True)
         partial = self.root / f".{key}.{uuid.uuid4().hex}"
         with open(partial, "wb") as f:
-            f.writelines(serialize(tensors))
+            f.writelines(serialize(tensors, {"handed_at": repr(time.monotonic())}))
         partial.rename(path)
 
     def waiting(self) -> bool:
@@ -110,17 +121,19 @@ class ConditioningStore(GenerationFiles):
         except FileNotFoundError:
             return False
 
-    def take(self, key: str) -> dict:
+    def take(self, key: str) -> Handover:
         """Read (as torch tensors) and remove; a missing entry is a KeyError that says why it
         may be missing. Only dit reads, and it has torch loaded: the import costs nothing there
         and keeps it out of the public models."""
-        from safetensors.torch import load_file
+        from safetensors import safe_open
 
         path = self._path(key)
         try:
-            tensors = load_file(path)
+            with safe_open(path, framework="pt") as f:
+                handover = Handover({name: f.get_tensor(name) for name in f.keys()},
+                                    float(f.metadata()["handed_at"]))
         except FileNotFoundError:
             raise KeyError(f"no conditioning was handed over for generation {key} (its sender failed or "
                            f"was cancelled first, or it was collected after the idle timeout)") from None
         path.unlink(missing_ok=True)
-        return tensors
+        return handover

@@ -33,6 +33,7 @@ from ..schema import GenerationParams, check_params
 from ..scheduler import StepScheduler
 from ..scratch import sweep_dead_servers, sweep_orphan_shm_regions
 from ..state import TextConditioning
+from ..text_padding import pad_to_mask
 from .common import (ended_if_cancelled, error_response, input_numpy, requested_outputs,
                      stage_deployment, stage_names, warm_up)
 from .metrics import DitMetrics
@@ -182,9 +183,11 @@ class DitStage:
         sent = {name: pb_utils.get_input_tensor_by_name(request, name) for name in names}
         if sent["embeds"] is None:  # from a public model: handed over out of band
             try:
-                tensors = self.handoff.take(key)
+                handover = self.handoff.take(key)
             except KeyError as exc:
                 raise ValueError(f"inputs {names} are required: {exc.args[0]}") from None
+            tensors = handover.tensors
+            self.metrics.admission_wait_seconds.observe(start - handover.handed_at)
         else:  # a direct client: in the request, with a batch dim of 1
             missing = [name for name, tensor in sent.items() if tensor is None]
             if missing:
@@ -192,7 +195,8 @@ class DitStage:
             tensors = {name: to_torch(tensor)[0] for name, tensor in sent.items()}
             self.direct.add(key)
         extra = {name: tensors[name] for name in names[2:]}
-        self.engine.admit(key, params, TextConditioning(tensors["embeds"], tensors["mask"], extra=extra))
+        embeds = pad_to_mask(tensors["embeds"], tensors["mask"])   # text_encoder cut its zero padding
+        self.engine.admit(key, params, TextConditioning(embeds, tensors["mask"], extra=extra))
         self.metrics.admission_seconds.observe(time.monotonic() - start)
 
     def _step(self, active: list) -> None:

@@ -65,6 +65,10 @@ class DitMetrics:
         self.admission_seconds = histogram("ditserve_admission_duration_seconds",
                                            "Wall time to admit one generation: its conditioning taken and moved "
                                            "to the device, its noise and scheduler made", model, SECONDS_BUCKETS)
+        self.admission_wait_seconds = histogram("ditserve_admission_wait_seconds",
+                                                "Wall time from a public model handing a generation's conditioning "
+                                                "over to dit starting to admit it: the BLS hop, Triton's queue and "
+                                                "the wait for the running step", model, SECONDS_BUCKETS)
         self.garbage = counter("ditserve_state_garbage_collected_total",
                                "States released because their request never came back", model)
         self.isolation_retries = counter("ditserve_step_isolation_retries_total",

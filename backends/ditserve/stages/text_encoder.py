@@ -26,6 +26,7 @@ from ..adapters.base import instance_device
 from ..faults import Subject, injector
 from ..isolation import isolating_failures
 from ..reused_text import ReusedRow
+from ..text_padding import cut_zero_padding
 from .common import error_response, stage_deployment, warm_up
 from .metrics import counter
 from .torch_io import to_pb
@@ -87,6 +88,7 @@ class TextEncoderStage:
             if reused:
                 self.reused_rows.increment(reused)
         embeds = self.faults.at("encode", [Subject(prompt=t) for t in texts], cond.embeds)
+        embeds = cut_zero_padding(embeds, cond.mask)   # dit puts the zeros back (pad_to_mask)
         finite = torch.stack([torch.isfinite(t.flatten(1)).all(dim=1) for t in (embeds, *cond.extra.values())])
         finite = finite.all(dim=0).tolist()
         start = 0
