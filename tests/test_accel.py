@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conftest import ROOT, TINY_PIXART, diffusers_image, rendered_server, serve
-from ditserve.accel import TransformerRunner, _pad_rows
+from ditserve.accel import TransformerRunner, pad_rows
 from ditserve.client import DitClient, GenerationRequest
 from ditserve.deployment import AccelSection, load_deployment, parse_accel_overrides, write_variant
 from helpers import StreamCall, run_staggered, scrape, wait_for_metric
@@ -143,9 +143,9 @@ def test_default_buckets_cover_a_full_cfg_batch():
 
 def test_padding_repeats_the_last_row():
     t = torch.arange(6.0).reshape(3, 2)
-    padded = _pad_rows(t, 5)
+    padded = pad_rows(t, 5)
     assert padded.shape == (5, 2) and torch.equal(padded[3], t[2]) and torch.equal(padded[4], t[2])
-    assert _pad_rows(t, 3) is t
+    assert pad_rows(t, 3) is t
 
 
 def test_runner_pads_to_the_bucket_and_returns_the_real_rows():

@@ -130,7 +130,7 @@ class WarmCompiled:
             self._warming = False
 
 
-def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+def pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
     """`t` with its last row repeated up to `rows` rows (finite, like a real row)."""
     extra = rows - t.shape[0]
     return t if extra == 0 else torch.cat([t, t[-1:].expand(extra, *t.shape[1:])])
@@ -141,11 +141,13 @@ def row_bucket(buckets: list[int], rows: int) -> int | None:
     return next((b for b in buckets if b >= rows), None)
 
 
-def _flat(latents: torch.Tensor, timesteps: torch.Tensor, cond: TextConditioning) -> list[torch.Tensor]:
+def flat_inputs(latents: torch.Tensor, timesteps: torch.Tensor, cond: TextConditioning) -> list[torch.Tensor]:
+    """A forward's inputs as the flat tensor list a graph's static buffers hold (extras by name)."""
     return [latents, timesteps, cond.embeds, cond.mask, *(cond.extra[k] for k in sorted(cond.extra))]
 
 
-def _unflat(tensors: list[torch.Tensor], names: list[str]) -> tuple:
+def unflat_inputs(tensors: list[torch.Tensor], names: list[str]) -> tuple:
+    """The forward's arguments back from `flat_inputs`' list (`names`: the extras' sorted names)."""
     latents, timesteps, embeds, mask, *extra = tensors
     return latents, timesteps, TextConditioning(embeds, mask, dict(zip(names, extra)))
 
@@ -180,7 +182,7 @@ class BucketGraph:
     def __call__(self, inputs: list[torch.Tensor]) -> Any:
         rows = inputs[0].shape[0]
         for buffer, t in zip(self.static, inputs):
-            buffer.copy_(_pad_rows(t, buffer.shape[0]))
+            buffer.copy_(pad_rows(t, buffer.shape[0]))
         if self.graph is None:
             out = self.run(self.static)
         else:
@@ -217,19 +219,19 @@ class TransformerRunner:
             return self.eager(latents, timesteps, cond)
         # Warming compiles and captures every bucket (the largest first: its memory pool then
         # serves the smaller graphs); serving runs the one bucket that fits.
-        names, inputs = sorted(cond.extra), _flat(latents, timesteps, cond)
+        names, inputs = sorted(cond.extra), flat_inputs(latents, timesteps, cond)
         if self.graphs is not None and not self._warming:
             self._graph_calls += 1
             return self.graphs[(sig, bucket)](inputs)
         for size in (reversed([b for b in self.buckets if b >= rows]) if self._warming else [bucket]):
             start = time.monotonic()
-            padded = [_pad_rows(t, size) for t in inputs]
+            padded = [pad_rows(t, size) for t in inputs]
             if self.graphs is not None:   # warming: compile, then capture this bucket
-                run = lambda static, names=names: self.compiled(*_unflat(static, names))  # noqa: E731
+                run = lambda static, names=names: self.compiled(*unflat_inputs(static, names))  # noqa: E731
                 self.graphs[(sig, size)] = BucketGraph(run, padded, self.pool)
                 out = self.graphs[(sig, size)](inputs)
             else:
-                out = self.compiled(*_unflat(padded, names))[:rows]
+                out = self.compiled(*unflat_inputs(padded, names))[:rows]
             if self._warming:   # where warm-up time goes, per bucket
                 if torch.cuda.is_available():
                     torch.cuda.synchronize()

@@ -23,7 +23,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from .accel import BucketGraph, _flat, _pad_rows, _unflat, row_bucket
+from .accel import BucketGraph, flat_inputs, pad_rows, row_bucket, unflat_inputs
 from .cache import RowCache, plan_reuse, remember, request_rows, reused_hidden, swapped_blocks
 from .state import TextConditioning
 
@@ -59,9 +59,9 @@ class CachedGraphs:
     def capture_all(self, sig: tuple, latents: torch.Tensor, timesteps: torch.Tensor, cond: TextConditioning) -> None:
         """Capture every segment for every bucket (the largest first: its memory pool then serves
         the smaller graphs), at load; the rows that compute or reuse are any subset of a batch."""
-        names, inputs = sorted(cond.extra), _flat(latents, timesteps, cond)
+        names, inputs = sorted(cond.extra), flat_inputs(latents, timesteps, cond)
         for size in reversed(self.buckets):
-            padded = [_pad_rows(t[:size], size) for t in inputs]
+            padded = [pad_rows(t[:size], size) for t in inputs]
             head = self._graph(self._head(names), padded)
             _, _, first_out = head(padded)
             self.segments[(sig, "head", size)] = head
@@ -74,7 +74,7 @@ class CachedGraphs:
         """The model output of a batch of len(caches) requests of equal row count (cache.py's rule)."""
         rows_total = latents.shape[0]
         rows = rows_total // len(caches)
-        inputs = _flat(latents, timesteps, cond)
+        inputs = flat_inputs(latents, timesteps, cond)
         _, first_in, first_out = self._run(sig, "head", inputs)
         residual, reuse = plan_reuse(first_in, first_out, caches)
         compute = [i for i, hit in enumerate(reuse) if not hit]
@@ -107,7 +107,7 @@ class CachedGraphs:
 
     def _call(self, static: list[torch.Tensor], names: list[str], stand_in: _Parts) -> torch.Tensor:
         with swapped_blocks(self.owner, self.blocks, stand_in):
-            return self.forward(*_unflat(static, names))
+            return self.forward(*unflat_inputs(static, names))
 
     def _head(self, names: list[str]) -> Callable:
         blocks = getattr(self.owner, self.blocks)
