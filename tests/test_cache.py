@@ -109,21 +109,28 @@ def _three_cfg_requests(config: str) -> tuple:
     return adapter, states
 
 
-@pytest.mark.parametrize("config", ["tiny-pixart-shapes.toml", "tiny-wan-t2v.toml", "tiny-wan-i2v.toml"])
-def test_segmented_cached_forward_equals_the_eager_one(config):
+@pytest.mark.parametrize("config, compile_backend", [("tiny-pixart-shapes.toml", None), ("tiny-wan-t2v.toml", None),
+                                                     ("tiny-wan-i2v.toml", None), ("tiny-pixart-shapes.toml", "aot_eager")])
+def test_segmented_cached_forward_equals_the_eager_one(config, compile_backend):
     """cache_graphs.CachedGraphs (the cached forward cut into head / rest / tail for CUDA graphs),
     captured where a GPU is present, else run on its static buffers: over steps where the requests
-    compute, reuse or mix, its outputs and cache hits equal the eager cached forward's."""
+    compute, reuse or mix, its outputs and cache hits equal the eager cached forward's; also with
+    its blocks compiled (as a `cuda_graphs` deployment captures them)."""
+    from torch._dynamo.utils import counters
+
     from ditserve.accel import signature
     from ditserve.cache_graphs import CachedGraphs
 
     adapter, states = _three_cfg_requests(config)
     capture = adapter.device.type == "cuda"
     graphs = CachedGraphs(adapter.forward, adapter.pipe.transformer, adapter.cache_blocks, [1, 2, 4, 8],
-                          pool=torch.cuda.graph_pool_handle() if capture else None, capture=capture)
+                          pool=torch.cuda.graph_pool_handle() if capture else None, capture=capture,
+                          compile_backend=compile_backend)
     inputs = adapter.batch_inputs(states)
     sig = signature(inputs, {})
+    compiled_before = counters["stats"]["unique_graphs"]
     graphs.capture_all(sig, *inputs)
+    assert (counters["stats"]["unique_graphs"] > compiled_before) == (compile_backend is not None)
     assert graphs.fits(sig, 6) and not graphs.fits(sig, 9)
     eager_caches = [RowCache(threshold=0.2), None, RowCache(threshold=1e9)]
     segment_caches = copy.deepcopy(eager_caches)

@@ -43,12 +43,21 @@ class CachedGraphs:
 
     `forward(latents, timesteps, cond)` is the family's forward; its transformer `owner` iterates
     the block list named `blocks`. `capture=False` runs each segment directly on the same static
-    buffers instead of replaying a graph (CPU, where no CUDA graph exists: the tests)."""
+    buffers instead of replaying a graph (CPU, where no CUDA graph exists: the tests).
+
+    `compile_backend` (the deployment's `[accel] compile_backend`) compiles each block on its own
+    before capture, as the lossless graphs capture the compiled forward: fused kernels for the
+    blocks, the segments' glue eager. The blocks share one code object, so one compile (per
+    dynamic shape) serves them all. Measured eager in the segments on the H200, a tier that reused
+    nothing cost 1.08-1.10x lossless (perf/results/2026-12-03-h200-cache-graphs.md)."""
 
     def __init__(self, forward: Callable, owner: torch.nn.Module, blocks: str, buckets: list[int],
-                 pool=None, capture: bool = True):
+                 pool=None, capture: bool = True, compile_backend: str | None = None):
         self.forward, self.owner, self.blocks = forward, owner, blocks
         self.buckets, self.pool, self.capture = buckets, pool, capture
+        self.block_calls: list[Callable] = list(getattr(owner, blocks))   # the blocks the segments run
+        if compile_backend is not None:
+            self.block_calls = [torch.compile(block, backend=compile_backend) for block in self.block_calls]
         self.segments: dict[tuple, BucketGraph] = {}   # (signature, segment, bucket) -> its graph
         self.warm: set[tuple] = set()
 
@@ -110,7 +119,7 @@ class CachedGraphs:
             return self.forward(*unflat_inputs(static, names))
 
     def _head(self, names: list[str]) -> Callable:
-        blocks = getattr(self.owner, self.blocks)
+        blocks = self.block_calls
 
         def run(static: list[torch.Tensor]) -> tuple:
             seen = {}
@@ -123,7 +132,7 @@ class CachedGraphs:
         return run
 
     def _rest(self, names: list[str]) -> Callable:
-        blocks = getattr(self.owner, self.blocks)
+        blocks = self.block_calls
 
         def run(static: list[torch.Tensor]) -> tuple:
             *inputs, first_out = static

@@ -118,7 +118,8 @@ class FamilyAdapter(ABC):
                 self.runners[module] = runner
                 if runner.graphs is not None and self.deployment.cache.tiers and self.cache_blocks is not None:
                     self.cached_graphs[module] = CachedGraphs(self.forward_for(module), getattr(self.pipe, module),
-                                                              self.cache_blocks, runner.buckets, runner.pool)
+                                                              self.cache_blocks, runner.buckets, runner.pool,
+                                                              compile_backend=accel.compile_backend)
             return self.runners["transformer"], None
         if stage == "text_encoder" and accel.text_encoder == "compile":
             return None, warm_attribute(self.pipe.text_encoder, "forward", accel)
