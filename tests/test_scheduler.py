@@ -117,6 +117,34 @@ def test_a_profiled_group_learns_one_level_for_every_size():
     assert batched == 0
 
 
+def test_a_profile_slower_than_the_served_forwards_is_corrected_size_by_size():
+    """The H200's 1024px CFG profile of session 22 ran while the other stages compiled: 1 request at
+    76 ms against 51.5 served, 16 at 728 ms as served (725). Served forwards of 1 (and 2) requests
+    correct those sizes; the others keep their profile until they are served, so 16 requests never
+    look 1.5x cheaper than they run."""
+    at_load = {1: 0.0759, 2: 0.1363, 3: 0.1579, 4: 0.2278, 8: 0.3662, 16: 0.7283}
+    model = CostModel()
+    model.profile(GROUP, at_load)
+    for _ in range(200):
+        model.observe(GROUP, 1, 0.0515)
+    for _ in range(20):
+        model.observe(GROUP, 2, 0.0925)
+    assert model.levels[GROUP] < 0.75, "the group's level: the profile was slow"
+    assert model.estimate(GROUP, 1) == pytest.approx(0.0515, rel=0.01)
+    assert model.estimate(GROUP, 2) == pytest.approx(0.0925, rel=0.02)
+    assert model.estimate(GROUP, 16) == pytest.approx(0.7283), "not observed: its profile, not x0.68"
+    assert model.estimate(GROUP, 4) == pytest.approx(0.2278), "x0.68 would make 4 cost 155 ms: they ran 181"
+    for _ in range(20):
+        model.observe(GROUP, 4, 0.1814)
+    assert model.estimate(GROUP, 4) == pytest.approx(0.1814, rel=0.02), "once observed: as served"
+    assert "16: 728.3" in model.describe()
+    # A profile that was fast (contention while serving) still lifts every size alike.
+    model.observe(GROUP, 1, 0.2)
+    for _ in range(200):
+        model.observe(GROUP, 1, 0.0759 * 1.5)
+    assert model.levels[GROUP] > 1.0 and model.estimate(GROUP, 16) == pytest.approx(0.7283 * model.levels[GROUP])
+
+
 def test_a_profile_keeps_its_lower_monotone_envelope():
     """Noise only lengthens a timed forward: a size that timed slower than a larger one costs what
     the larger did (the H200's 1024px profile of 2026-12-02 had 10-12 requests at 353-521 ms

@@ -83,12 +83,21 @@ class CostModel:
     looks cheap (simulated in perf/sched_sim.py --timing-noise; on the H200 at 1024px `cost`
     batched requests that cost no less together, 2026-12-02).
 
-    A group profiled at load (`profile`: forwards of 1..capacity requests, timed while nothing
-    else ran) keeps that curve's shape and learns only its level: one factor per group, the
-    same low quantile of observed / profiled time over every size. Load stretches all sizes
-    alike; learning each size apart would leave the sizes seldom run at their uncontended
-    profile, cheaper than the sizes run often (perf/sched_sim.py --measure-at-load: that made
-    `cost` batch 1.29 requests per forward at 1024px, against 1.05 unprofiled).
+    A group profiled at load (`profile`: forwards of 1..capacity requests, timed while no request
+    ran) keeps that curve's shape and learns its level: one factor per group, the same low
+    quantile of observed / profiled time over every size. Load stretches all sizes alike;
+    learning each size apart would leave the sizes seldom run at their uncontended profile,
+    cheaper than the sizes run often (perf/sched_sim.py --measure-at-load: that made `cost`
+    batch 1.29 requests per forward at 1024px, against 1.05 unprofiled).
+
+    A level below 1 means the profile itself ran slow: the other stages were compiling on the same
+    host while dit profiled (on the H200 with a compiled T5, the 1024px CFG profile had 1 request
+    at 76 ms against 49-52 served, and 16 at 728 against 725). Such a slowdown hits the
+    launch-bound small sizes and spares the large ones, so it is not spread over the curve: each
+    size observed since takes its own level (the same low quantile), and a size not yet observed
+    keeps its profile. Spread, one request's 0.68 had made 16 look 1.5x cheaper than they ran, and
+    `cost` batched 1.73 requests per forward where request batching ran 1.38
+    (perf/results/2026-12-03-h200-scheduler-s22.md).
 
     Unobserved sizes of an unprofiled group are estimated optimistically, so that they get
     tried once: between two observed sizes linearly; above the largest as free (same cost);
@@ -101,6 +110,7 @@ class CostModel:
         self.curves: dict[tuple, dict[int, float]] = {}     # learned per size (unprofiled groups)
         self.profiles: dict[tuple, dict[int, float]] = {}   # measured at load, uncontended
         self.levels: dict[tuple, float] = {}                # profiled groups: observed / profiled
+        self.size_levels: dict[tuple, dict[int, float]] = {}  # the same, per size observed
         self.pending: list[tuple[tuple, int, ForwardTimer]] = []
 
     def _low_quantile(self, old: float | None, new: float) -> float:
@@ -120,8 +130,10 @@ class CostModel:
 
     def observe(self, group: tuple, size: int, seconds: float) -> None:
         if group in self.profiles:
-            profiled = _interpolate(self.profiles[group], size)
-            self.levels[group] = self._low_quantile(self.levels[group], seconds / profiled)
+            ratio = seconds / _interpolate(self.profiles[group], size)
+            self.levels[group] = self._low_quantile(self.levels[group], ratio)
+            sizes = self.size_levels.setdefault(group, {})
+            sizes[size] = self._low_quantile(sizes.get(size), ratio)
             return
         curve = self.curves.setdefault(group, {})
         curve[size] = self._low_quantile(curve.get(size), seconds)
@@ -143,12 +155,18 @@ class CostModel:
     def describe(self) -> str:
         """The curves in ms, one `group: {requests: ms}` per group, profiled ones at their learned
         level (for the server log)."""
-        def ms(curve: dict[int, float], level: float = 1.0) -> str:
-            return "{" + ", ".join(f"{k}: {1000 * v * level:.1f}" for k, v in sorted(curve.items())) + "}"
-        parts = [f"{group}: {ms(curve, self.levels[group])} (profiled at load, x{self.levels[group]:.2f})"
-                 for group, curve in self.profiles.items()]
+        def ms(curve: dict[int, float], level: Callable[[int], float] = lambda size: 1.0) -> str:
+            return "{" + ", ".join(f"{k}: {1000 * v * level(k):.1f}" for k, v in sorted(curve.items())) + "}"
+        parts = [f"{group}: {ms(curve, lambda size, group=group: self.level(group, size))} "
+                 f"(profiled at load, x{self.levels[group]:.2f})" for group, curve in self.profiles.items()]
         parts += [f"{group}: {ms(curve)}" for group, curve in self.curves.items()]
         return "; ".join(parts) or "nothing measured"
+
+    def level(self, group: tuple, size: int) -> float:
+        """Observed / profiled time for a forward of `size` requests of a profiled group: the
+        group's level, or below 1 (a slow profile) the size's own, 1 for a size not observed."""
+        level = self.levels[group]
+        return level if level >= 1.0 else self.size_levels.get(group, {}).get(size, 1.0)
 
     def best_throughput(self, group: tuple) -> float | None:
         """The most requests-steps per second any measured size of `group` gives (None if unmeasured)."""
@@ -158,7 +176,7 @@ class CostModel:
     def estimate(self, group: tuple, size: int) -> float | None:
         """Seconds of a forward of `size` requests of `group`; None before any measurement."""
         if group in self.profiles:
-            return _interpolate(self.profiles[group], size) * self.levels[group]
+            return _interpolate(self.profiles[group], size) * self.level(group, size)
         curve = self.curves.get(group)
         return _interpolate(curve, size) if curve else None
 
