@@ -239,12 +239,16 @@ class EarlierScheduler:
         return getattr(self.scheduler, name)
 
 
-def measure_at_load(scheduler, sim: Sim, entries: list[dict], sizes: set[str]) -> None:
+def measure_at_load(scheduler, sim: Sim, entries: list[dict], sizes: set[str],
+                    inflation: dict[int, float] | None = None) -> None:
     """What dit does before READY (StepScheduler.measure): time 1..capacity requests of each shape
-    of `sizes` in the trace while nothing else runs, so without the load's slowdown or noise."""
+    of `sizes` in the trace while no request runs, so without the load's slowdown or noise; each
+    size's time x `inflation[size]` (default 1) where the profile itself ran slow."""
     shapes = sorted({shape_of(e) for e in entries if f"{e['height']}x{e['width']}" in sizes},
                     key=lambda s: (s.height, s.width, s.cfg))
-    scheduler.measure(lambda states: sim.forward_s(states[0].shape, len(states)) / sim.slowdown,
+    inflation = inflation or {}
+    scheduler.measure(lambda states: sim.forward_s(states[0].shape, len(states)) / sim.slowdown
+                      * inflation.get(len(states), 1.0),
                       [SimRequest("measure", 0.0, shape, 1, 0.0) for shape in shapes], sim.capacity)
 
 
@@ -268,15 +272,16 @@ def stats(done: list[SimRequest], forwards: list[int]) -> dict:
 
 
 def simulate(entries: list[dict], sim_args: dict, old_module, options: dict,
-             measured_sizes: set[str] | None = None) -> dict:
+             measured_sizes: set[str] | None = None, inflation: dict[int, float] | None = None) -> dict:
     """Every policy on `entries`, each after a solo pass over the trace's shapes (as the control's);
-    with `measured_sizes`, also step:cost with its curve measured at load for those sizes."""
+    with `measured_sizes`, also step:cost with its curve measured at load for those sizes (slowed
+    by `inflation`, see measure_at_load)."""
     results = {}
     solo_entries = {(shape_of(e), e["num_inference_steps"]): e for e in entries}
     for policy in POLICIES + ("step:cost-old@load", "step:cost@load") * bool(measured_sizes):
         sim, scheduler = Sim(**sim_args), make_scheduler(policy, old_module, options)
         if policy.endswith("@load"):
-            measure_at_load(scheduler, sim, entries, measured_sizes)
+            measure_at_load(scheduler, sim, entries, measured_sizes, inflation)
         for entry in solo_entries.values():
             sim.run([{**entry, "t": 0.0}], scheduler, policy == "request_batch")
         sim.forwards = []
@@ -344,6 +349,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--measure-at-load", default="", metavar="SIZES",
                    help="also simulate step:cost with its curve measured at load for these sizes ('1024x1024,...'; "
                         "'all' = every size of the trace)")
+    p.add_argument("--profile-inflation", default="", metavar="SIZE:FACTOR,...",
+                   help="the profile at load ran slow at these sizes, e.g. 1:1.47,2:1.43,3:1.14,4:1.26 (the H200's "
+                        "1024px CFG profile taken beside the T5 compile, session 22; other sizes 1.0)")
     p.add_argument("--out", default=None, help="write OUT.md and OUT.json")
     args = p.parse_args(argv)
     FORWARD_MS[1024] = CURVES_1024[args.curve_1024]
@@ -356,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
                     pre_s=args.pre_ms / 1000, capacity=args.capacity, slowdown=slowdown,
                     timing_noise=args.timing_noise, seed=args.seed)
     old = load_old_scheduler(args.old_ref)
+    inflation = {int(size): float(factor) for size, factor in
+                 (item.split(":") for item in filter(None, args.profile_inflation.split(",")))}
     options = dict(max_slowdown=args.max_slowdown, target_utilisation=args.target_utilisation)
     load = utilisation(trace, costs, slowdown)
     scenarios = [(f"H200 control trace: {controls[0]['source']} ({load:.2f} of saturation)", trace)]
@@ -368,7 +378,8 @@ def main(argv: list[str] | None = None) -> int:
            "assumptions": {"slowdown": round(slowdown, 3), "batching": args.batching, "curve_1024": args.curve_1024,
                            "overhead_ms": args.overhead_ms, "pre_ms": args.pre_ms, "capacity": args.capacity,
                            "max_slowdown": args.max_slowdown, "target_utilisation": args.target_utilisation, "old_ref": args.old_ref, "solo_mode": args.solo_mode,
-                           "measure_at_load": args.measure_at_load or None},
+                           "measure_at_load": args.measure_at_load or None,
+                           "profile_inflation": args.profile_inflation or None},
            "costs_ms": {f"{s.height}x{s.width}-{'cfg' if s.cfg else 'nocfg'}":
                         {"step": round(c.step_s * 1000, 1), "fixed": round(c.fixed_s * 1000, 1)}
                         for s, c in sorted(costs.items(), key=lambda kv: (kv[0].height, kv[0].cfg))},
@@ -380,7 +391,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[sched_sim] {label}", file=sys.stderr, flush=True)
         sizes = ({f"{e['height']}x{e['width']}" for e in entries} if args.measure_at_load == "all"
                  else set(filter(None, args.measure_at_load.split(","))))
-        out["scenarios"].append({"label": label, "results": simulate(entries, sim_args, old, options, sizes)})
+        out["scenarios"].append({"label": label, "results": simulate(entries, sim_args, old, options, sizes,
+                                                                     inflation)})
     text = render(out)
     print(text)
     if args.out:
