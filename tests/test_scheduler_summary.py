@@ -21,7 +21,8 @@ def report(fraction: float, base_p50: float, step_p50: float) -> dict:
         return {"source": "poisson n=4", "offered_request_rate": 2.0, "request_throughput": throughput,
                 "p50_e2el_ms": p50, "p99_e2el_ms": 2 * p50, "mean_e2el_ms": p50, "p50_ttfs_ms": 100.0,
                 "p99_ttfs_ms": 200.0, "mean_step_batch_size": 1.5, "completed_requests": 4,
-                "failed_requests": 0, "lost": 0, "duplicated": 0}
+                "failed_requests": 0, "lost": 0, "duplicated": 0, "mean_step_duration_ms": 40.0,
+                "ttfs_split_ms": {"encode": 30.0, "admission_wait": 20.0, "admission": 2.0, "first_step_and_rest": 48.0}}
     return {"modes": ["request_batch", "step:cost"], "command": "python perf/matched_control.py ...",
             "load": {"name": f"load{fraction}", "fraction": fraction, "saturation": {"rps": 4.0}},
             "reports": {"request_batch": mode(base_p50, 2.0), "step:cost": mode(step_p50, 1.9)}}
@@ -44,6 +45,7 @@ def test_reports_in_a_folder_and_its_tarball_count_once_per_load(tmp_path: Path)
     ratios = written["traces"][1]["ratios"]["step:cost/request_batch"]
     assert ratios["p50_ms"] == 0.8 and ratios["throughput_req_s"] == 0.95
     assert written["traces"][0]["runs"]["request_batch"]["p50_ms"] == 500.0
+    assert written["traces"][0]["runs"]["step:cost"]["ttfs_split_ms"]["admission_wait"] == 20.0   # carried as reported
     assert written["traces"][0]["ratio_intervals_95"] == {}   # no per-request latencies: no interval
 
 
