@@ -46,6 +46,7 @@ def test_reports_in_a_folder_and_its_tarball_count_once_per_load(tmp_path: Path)
     assert ratios["p50_ms"] == 0.8 and ratios["throughput_req_s"] == 0.95
     assert written["traces"][0]["runs"]["request_batch"]["p50_ms"] == 500.0
     assert written["traces"][0]["runs"]["step:cost"]["ttfs_split_ms"]["admission_wait"] == 20.0   # carried as reported
+    assert written["traces"][0]["runs"]["step:cost"]["ttfs_p50_over_one_step_ms"] == 60.0   # 100 ms - a 40 ms step
     assert written["traces"][0]["ratio_intervals_95"] == {}   # no per-request latencies: no interval
 
 
