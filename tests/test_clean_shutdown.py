@@ -42,8 +42,10 @@ UNLOAD_BOUND_S = 30.0   # an unload that finishes took 7-15 s on a loaded 2-core
 
 def early_stops(url: str) -> None:
     """Cancels of overlapping pairs (so more than one stream instance stops early), then request
-    timeouts that land mid-denoise."""
-    slow = dict(num_inference_steps=40)
+    timeouts that land mid-denoise. 100 steps (the limit): the pair's second request runs on while
+    the first is cancelled, and with 40 a fresh-clone run on a 2-core host saw 3 of them finish
+    before their cancel."""
+    slow = dict(num_inference_steps=100)
     for i in range(CANCELS):
         calls = [StreamCall(url, GenerationRequest(f"cancel {i}-{j}", seed=i, **slow)).start() for j in range(2)]
         for call in calls:
