@@ -547,19 +547,22 @@ def wait_server_settled(metrics_url: str, before: dict, expected_total: int, tim
         time.sleep(0.2)
 
 
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000.0, 3)
+
+
 def server_summary(before: dict, after: dict, model: str = MODEL) -> dict:
     """The server's view of the requests sent to public model `model` between two scrapes."""
-    ms = lambda v: None if v is None else round(v * 1000.0, 3)  # noqa: E731
     dit = stage_label(model, "dit")
     out = {f"server_{k}": int(metric_delta(before, after, n, model)) for k, n in OUTCOME_COUNTERS.items()}
-    out["server_mean_ttfs_ms"] = ms(histogram_mean(before, after, "ditserve_time_to_first_step_seconds", model))
-    out["stage_mean_ms"] = {stage: ms(histogram_mean(before, after, f"ditserve_{stage}_duration_seconds", model))
+    out["server_mean_ttfs_ms"] = _ms(histogram_mean(before, after, "ditserve_time_to_first_step_seconds", model))
+    out["stage_mean_ms"] = {stage: _ms(histogram_mean(before, after, f"ditserve_{stage}_duration_seconds", model))
                             for stage in ("encode", "denoise", "decode")}
     batch = histogram_mean(before, after, "ditserve_step_batch_size", dit)
     out["mean_step_batch_size"] = None if batch is None else round(batch, 3)
     out["step_batches"] = int(metric_delta(before, after, "ditserve_step_batch_size_count", dit))
     out["step_batch_size_histogram"] = bucket_counts(before, after, "ditserve_step_batch_size", dit)
-    out["mean_step_duration_ms"] = ms(histogram_mean(before, after, "ditserve_step_duration_seconds", dit))
+    out["mean_step_duration_ms"] = _ms(histogram_mean(before, after, "ditserve_step_duration_seconds", dit))
     out["ttfs_split_ms"] = ttfs_split(before, after, model, out["server_mean_ttfs_ms"], out["stage_mean_ms"]["encode"])
     return out
 
@@ -569,18 +572,15 @@ def ttfs_split(before: dict, after: dict, model: str, ttfs_ms: float | None, enc
     text_encoder, of which text_encoder's Triton queue and compute per request), `admission_wait`
     (conditioning handed over -> dit admits it: the BLS hop, dit's queue, the running step),
     `admission`, and `first_step_and_rest` (what remains: the first step and the progress hop)."""
-    ms = lambda v: None if v is None else round(v * 1000.0, 3)  # noqa: E731
     dit, encoder = stage_label(model, "dit"), stage_label(model, "text_encoder")
     split = {"encode": encode_ms}
-    requests = metric_delta(before, after, "nv_inference_count", encoder)
-    execs = metric_delta(before, after, "nv_inference_exec_count", encoder)
-    if requests > 0 and execs > 0:
-        queue = metric_delta(before, after, "nv_inference_queue_duration_us", encoder) / requests
-        compute = metric_delta(before, after, "nv_inference_compute_infer_duration_us", encoder) / execs
-        split["text_encoder_queue"], split["text_encoder_compute_per_exec"] = round(queue / 1000, 3), round(compute / 1000, 3)
-    for part in ("admission_wait", "admission"):
-        name = "ditserve_admission_wait_seconds" if part == "admission_wait" else "ditserve_admission_duration_seconds"
-        split[part] = ms(histogram_mean(before, after, name, dit))
+    triton = where_time_goes(before, after)   # Triton's own counters, per model
+    if f"{encoder}_queue_ms_per_request" in triton:
+        split["text_encoder_queue"] = triton[f"{encoder}_queue_ms_per_request"]
+        split["text_encoder_compute_per_exec"] = triton[f"{encoder}_compute_ms_per_exec"]
+    for part, name in (("admission_wait", "ditserve_admission_wait_seconds"),
+                       ("admission", "ditserve_admission_duration_seconds")):
+        split[part] = _ms(histogram_mean(before, after, name, dit))
     parts = [split[p] for p in ("encode", "admission_wait", "admission")]
     split["first_step_and_rest"] = None if ttfs_ms is None or None in parts else round(ttfs_ms - sum(parts), 3)
     return split

@@ -63,12 +63,13 @@ def rows_of(index: int, rows: int) -> slice:
 
 
 def plan_reuse(first_in: torch.Tensor, first_out: torch.Tensor,
-               caches: list[RowCache | None]) -> tuple[torch.Tensor, list[bool]]:
-    """The first block's residual, and whether each request reuses this step (one device-to-host read)."""
+               caches: list[RowCache | None]) -> tuple[torch.Tensor, list[int], list[int]]:
+    """The first block's residual, and the requests that compute this step and those that reuse
+    it, by index (one device-to-host read)."""
     rows = first_in.shape[0] // len(caches)
     residual = first_out - first_in
-    return residual, [cache is not None and cache.reusable(change)
-                      for cache, change in zip(caches, changes(residual, caches, rows))]
+    reuse = [cache is not None and cache.reusable(change) for cache, change in zip(caches, changes(residual, caches, rows))]
+    return residual, [i for i, hit in enumerate(reuse) if not hit], [i for i, hit in enumerate(reuse) if hit]
 
 
 def request_rows(requests: list[int], rows: int, device: torch.device) -> torch.Tensor:
@@ -104,9 +105,7 @@ def apply_first_block_cache(first_in: torch.Tensor, first_out: torch.Tensor, cac
     `caches[i]`: request i's cache, None for `lossless`. `run_rest(index, hidden)` runs the
     other blocks on the rows `index` of the batch (hidden holds just those rows; None = all)."""
     rows = first_in.shape[0] // len(caches)
-    residual, reuse = plan_reuse(first_in, first_out, caches)
-    compute = [i for i, hit in enumerate(reuse) if not hit]
-    reused = [i for i, hit in enumerate(reuse) if hit]
+    residual, compute, reused = plan_reuse(first_in, first_out, caches)
     out = first_out.clone()
     if reused:
         out.index_copy_(0, request_rows(reused, rows, out.device), reused_hidden(first_out, caches, reused, rows))

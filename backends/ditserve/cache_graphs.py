@@ -85,23 +85,23 @@ class CachedGraphs:
         rows = rows_total // len(caches)
         inputs = flat_inputs(latents, timesteps, cond)
         _, first_in, first_out = self._run(sig, "head", inputs)
-        residual, reuse = plan_reuse(first_in, first_out, caches)
-        compute = [i for i, hit in enumerate(reuse) if not hit]
-        reused = [i for i, hit in enumerate(reuse) if hit]
+        residual, compute, reused = plan_reuse(first_in, first_out, caches)
+        if not reused:   # nobody reuses: the whole batch computes, no gather
+            out, rest_out = self._run(sig, "rest", inputs + [first_out])
+            remember(caches, compute, residual, first_out, rest_out, rows)
+            return out
         parts = []
         if compute:
             index = request_rows(compute, rows, latents.device)
-            out, rest_out = self._run(sig, "rest", [t.index_select(0, index) for t in inputs]
-                                      + [first_out.index_select(0, index)])
+            out, rest_out = self._run(sig, "rest", [t.index_select(0, index) for t in inputs + [first_out]])
             remember(caches, compute, residual, first_out, rest_out, rows)
             parts.append((index, out))
-        if reused:
-            index = request_rows(reused, rows, latents.device)
-            (out,) = self._run(sig, "tail", [t.index_select(0, index) for t in inputs]
-                               + [reused_hidden(first_out, caches, reused, rows)])
-            parts.append((index, out))
-        if len(parts) == 1 and parts[0][0].numel() == rows_total:
-            return parts[0][1]
+        index = request_rows(reused, rows, latents.device)
+        (out,) = self._run(sig, "tail", [t.index_select(0, index) for t in inputs]
+                           + [reused_hidden(first_out, caches, reused, rows)])
+        parts.append((index, out))
+        if not compute:
+            return out
         result = torch.empty((rows_total, *parts[0][1].shape[1:]), dtype=parts[0][1].dtype, device=parts[0][1].device)
         for index, out in parts:
             result.index_copy_(0, index, out)
