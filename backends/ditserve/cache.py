@@ -16,6 +16,11 @@ runs the other blocks on the rows that compute (as diffusers' hooks wrap blocks,
 A family opts in by naming its block list (`FamilyAdapter.cache_blocks`); its blocks must take
 the hidden states first and return them alone (PixArt-Sigma's and Wan's do; FLUX.1's and SD3's
 joint blocks return the text stream too).
+
+`[cache] back_blocks = n` (cache-dit's DBCache "Bn"): the last n blocks run for every row at every
+step, so the cached residual covers only the middle blocks and a reused step still passes
+through the back blocks with its own timestep and hidden states. On the trained tiny model that
+buys ~3 dB at the same projected speed (docs/cache.md).
 """
 from __future__ import annotations
 
@@ -129,19 +134,31 @@ def _rows(value: Any, index: torch.Tensor, total: int) -> Any:
     return value
 
 
+def middle(blocks: list, back: int) -> list:
+    """The blocks a reusing request skips: all but the first and the last `back`."""
+    return blocks[1:len(blocks) - back]
+
+
+def back_of(blocks: list, back: int) -> list:
+    """The last `back` blocks, which every row runs on every step (`[cache] back_blocks`)."""
+    return blocks[len(blocks) - back:] if back else []
+
+
 class _CachedBlocks(torch.nn.Module):
     """Stands in for a transformer's block list during one forward: iterating it yields the
-    first block (recording its input) and then one step that applies the cache to the rest."""
+    first block (recording its input), one step that applies the cache to the middle blocks,
+    then the `back` last blocks as they are (every row runs them)."""
 
-    def __init__(self, blocks: torch.nn.ModuleList, caches: list[RowCache | None]):
+    def __init__(self, blocks: torch.nn.ModuleList, caches: list[RowCache | None], back: int = 0):
         super().__init__()
         object.__setattr__(self, "blocks", blocks)   # not registered: the transformer keeps owning them
-        self.caches = caches
+        self.caches, self.back = caches, back
         self.first_in: torch.Tensor | None = None
 
     def __iter__(self) -> Iterator[Callable]:
         yield self._first
         yield self._rest
+        yield from back_of(list(self.blocks), self.back)
 
     def _first(self, hidden: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         self.first_in = hidden
@@ -155,7 +172,7 @@ class _CachedBlocks(torch.nn.Module):
             if index is not None:
                 a = tuple(_rows(v, index, total) for v in args)
                 k = {name: _rows(v, index, total) for name, v in kwargs.items()}
-            for block in self.blocks[1:]:
+            for block in middle(list(self.blocks), self.back):
                 states = block(states, *a, **k)
             return states
 
@@ -174,8 +191,10 @@ def swapped_blocks(transformer: torch.nn.Module, blocks: str, stand_in: torch.nn
 
 
 @contextlib.contextmanager
-def first_block_cache(transformer: torch.nn.Module, blocks: str, caches: list[RowCache | None]) -> Iterator[None]:
+def first_block_cache(transformer: torch.nn.Module, blocks: str, caches: list[RowCache | None],
+                      back: int = 0) -> Iterator[None]:
     """Inside, `transformer`'s forward applies each request's First-Block Cache to its block
-    list `blocks` (requests of equal row count, in batch order)."""
-    with swapped_blocks(transformer, blocks, _CachedBlocks(getattr(transformer, blocks), caches)):
+    list `blocks` (requests of equal row count, in batch order); the last `back` blocks run for
+    every row."""
+    with swapped_blocks(transformer, blocks, _CachedBlocks(getattr(transformer, blocks), caches, back)):
         yield

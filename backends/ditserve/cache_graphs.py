@@ -8,9 +8,11 @@ where it decides, into three segments, each diffusers' own forward over a stand-
 - head: every row, the first block only; gives the first block's input and output (the rest of
   the forward then runs on that output: a few kernels, unused);
 - rest: the rows that compute; the head's first-block output stands in for the first block,
-  then the other blocks; gives the model output and the hidden states after the blocks;
+  then the other blocks; gives the model output and the hidden states after the middle blocks
+  (all but the first and `[cache] back_blocks` last: cache.middle);
 - tail: the rows that reuse; their first-block output plus the residual cached when their
-  blocks last ran stands in for every block; gives the model output.
+  middle blocks last ran stands in for the first and middle blocks, then the back blocks run;
+  gives the model output.
 
 Rest and tail recompute the embeddings (patch, timestep, caption: a few percent of a block's
 work at 1024px) rather than carry them between graphs. Rows that reuse so leave the batch for
@@ -24,7 +26,7 @@ from typing import Callable, Iterator
 import torch
 
 from .accel import BucketGraph, flat_inputs, pad_rows, row_bucket, unflat_inputs
-from .cache import RowCache, plan_reuse, remember, request_rows, reused_hidden, swapped_blocks
+from .cache import RowCache, back_of, middle, plan_reuse, remember, request_rows, reused_hidden, swapped_blocks
 from .state import TextConditioning
 
 class _Parts(torch.nn.Module):
@@ -52,8 +54,8 @@ class CachedGraphs:
     nothing cost 1.08-1.10x lossless (perf/results/2026-12-03-h200-cache-graphs.md)."""
 
     def __init__(self, forward: Callable, owner: torch.nn.Module, blocks: str, buckets: list[int],
-                 pool=None, capture: bool = True, compile_backend: str | None = None):
-        self.forward, self.owner, self.blocks = forward, owner, blocks
+                 pool=None, capture: bool = True, compile_backend: str | None = None, back: int = 0):
+        self.forward, self.owner, self.blocks, self.back = forward, owner, blocks, back
         self.buckets, self.pool, self.capture = buckets, pool, capture
         self.block_calls: list[Callable] = list(getattr(owner, blocks))   # the blocks the segments run
         if compile_backend is not None:
@@ -139,17 +141,20 @@ class CachedGraphs:
             seen = {}
 
             def rest(hidden, *args, **kwargs):
-                for block in blocks[1:]:
+                for block in middle(blocks, self.back):
                     hidden = block(hidden, *args, **kwargs)
                 seen["out"] = hidden
                 return hidden
-            out = self._call(inputs, names, _Parts(lambda hidden, *args, **kwargs: first_out, rest))
+            out = self._call(inputs, names, _Parts(lambda hidden, *args, **kwargs: first_out, rest,
+                                                   *back_of(blocks, self.back)))
             return out, seen["out"]
         return run
 
     def _tail(self, names: list[str]) -> Callable:
+        back = back_of(self.block_calls, self.back)
+
         def run(static: list[torch.Tensor]) -> tuple:
             *inputs, hidden_after = static
-            return (self._call(inputs, names, _Parts(lambda hidden, *args, **kwargs: hidden_after)),)
+            return (self._call(inputs, names, _Parts(lambda hidden, *args, **kwargs: hidden_after, *back)),)
         return run
 

@@ -217,10 +217,14 @@ class CacheSection:
              blocks. Higher = more reuse, more loss. Calibrated per model (docs/cache.md)
     enabled  the tiers requests may ask for (input `quality`); empty = every tier listed.
              `lossless` (every block, every step) is always allowed and is the default
+    back_blocks  the last N blocks run for every row at every step (cache-dit's DBCache "Bn"): a
+             reused step skips only the blocks between the first and these; more quality for
+             N blocks' work per reused step (docs/cache.md)
     """
 
     tiers: dict = field(default_factory=dict)
     enabled: tuple[str, ...] = ()
+    back_blocks: int = 0
 
     @property
     def allowed(self) -> tuple[str, ...]:
@@ -376,7 +380,9 @@ def _check_scheduler(engine: EngineSection) -> None:
 
 
 def _check_cache(cache: CacheSection) -> None:
-    """[cache] tiers are names with positive thresholds; `enabled` names only listed tiers."""
+    """[cache] tiers are names with positive thresholds; `enabled` names only listed tiers;
+    `back_blocks` is an integer >= 0 (its upper bound, the model's block count, is checked by the
+    adapter at load)."""
     if not isinstance(cache.tiers, dict):
         raise ValueError(f"deployment [cache] tiers={cache.tiers!r}; allowed: a table such as "
                          "{ balanced = 0.05, fast = 0.1 }")
@@ -390,6 +396,8 @@ def _check_cache(cache: CacheSection) -> None:
     if unknown:
         raise ValueError(f"deployment [cache] enabled={list(cache.enabled)} names tiers {unknown} that [cache] "
                          f"tiers does not define; defined: {sorted(cache.tiers)}")
+    if not _integer(cache.back_blocks) or cache.back_blocks < 0:
+        raise ValueError(f"deployment [cache] back_blocks={cache.back_blocks!r}; allowed: an integer >= 0")
 
 
 def _check_accel(dep: Deployment) -> None:
