@@ -11,7 +11,7 @@ import torch
 from conftest import ROOT
 from ditserve.deployment import load_deployment
 from ditserve.scheduler import (ArrivalRate, Candidate, CostModel, CostPolicy, ForwardTimer, StepScheduler,
-                                completions, expected_latency_cost, first_steps_alone)
+                                completions, expected_latency_cost)
 
 GROUP = ("64x64", True)
 # H200 PixArt-Sigma forward times (DESIGN.md, 2026-12-01) in requests with CFG (2 rows each), seconds.
@@ -191,11 +191,11 @@ def test_overload_on_a_nearly_linear_curve_batches_for_throughput():
     model.profile(GROUP, H200_1024_LINEAR)
     policy = CostPolicy()
     best = model.best_throughput(GROUP)
-    present = candidates([12, 15, 19, 19, 19], total=20)   # all stepped (first steps: their own tests)
+    present = candidates([12, 15, 19, 19, 20], total=20)   # r4 is new: its first step is due
     assert len(policy.choose(present, model, rates={GROUP: (0.0, 1.02 * best)})) > 1
-    assert CostPolicy(throughput_floor=0.9).choose(present, model, rates={GROUP: (0.0, 1.02 * best)}) == {"r0"}, \
-        "the old floor: the shortest alone"
-    assert policy.choose(present, model, rates={GROUP: (0.0, 0.4 * best)}) == {"r0"}
+    assert CostPolicy(throughput_floor=0.9).choose(present, model, rates={GROUP: (0.0, 1.02 * best)}) == {"r0", "r4"}, \
+        "the old floor: the shortest alone (and the new one's first step)"
+    assert policy.choose(present, model, rates={GROUP: (0.0, 0.4 * best)}) == {"r0", "r4"}
 
 
 def test_a_group_needs_more_throughput_when_another_group_is_busy():
@@ -312,48 +312,14 @@ def test_the_group_holding_the_oldest_overdue_request_steps_alone():
 
 
 def test_new_requests_take_their_first_step_at_once():
-    """Time to first step: a request not stepped yet steps this round. Where rows are nearly free
-    (512px) it joins the forward of the one SRPT picked, or runs as its group's own forward beside
-    it; where a row costs as much as a forward (1024px, linear here) it steps alone, the running
-    one a round later: its first step then lasts one request's forward, not two, for the same
-    summed latency."""
+    """Time to first step: a request not stepped yet joins this round's forwards, in its group
+    (here beside the one SRPT picked) or as its group's own forward."""
+    model = two_groups({1: 0.1, 8: 0.8}, {1: 0.1, 8: 0.8})
     running = candidates([10, 20])
-    fresh, fresh_big = Candidate("new", GROUP, 20, 20, 0.0), Candidate("new-big", BIG, 20, 20, 0.0)
-    cheap = two_groups(CHEAP_512, CHEAP_512)
-    assert CostPolicy().choose(running + [fresh], cheap) == {"r0", "r1", "new"}, "one forward of 3 for 2's price"
-    assert CostPolicy().choose(running + [fresh_big], cheap) == {"new-big"}, \
-        "its own forward either way: first, it ends at 39 ms, not after the others' 43 ms as well"
-    linear = two_groups({1: 0.1, 8: 0.8}, {1: 0.1, 8: 0.8})
-    assert CostPolicy().choose(running + [fresh], linear) == {"new"}
-    assert CostPolicy().choose(running + [fresh_big], linear) == {"new-big"}
-    assert CostPolicy().choose(running, linear) == {"r0"}, "next round: the running one steps again"
-    two_fresh = [fresh, Candidate("new2", GROUP, 20, 20, 0.0)]
-    assert CostPolicy().choose(running + two_fresh, linear) == {"new", "new2"}
-
-
-def test_first_steps_alone_weighs_the_newcomers_gain_against_the_others_wait():
-    """Apart: the newcomers' round ends at alone, the running rows' at alone + rest, and every
-    request already in (running or passed over) waits the batching gain given up; together, the
-    round ends at together for all. On a linear curve apart always wins; on the design 1024px
-    curve (8 rows cost 6x one) one running request lets a newcomer go first, 8 do not; at 512px
-    (rows nearly free) it joins."""
-    profiled = CostModel()
-    profiled.profile(GROUP, H200_1024_LINEAR)
-    new = [Candidate("new", GROUP, 20, 20, 0.0)]
-    assert first_steps_alone(new, candidates([10]), 1, profiled)
-    assert first_steps_alone(new, candidates([10] * 8), 8, profiled)
-    assert first_steps_alone(new, candidates([10]), 1, model_of(DEAR_1024))
-    assert not first_steps_alone(new, candidates([10] * 8), 8, model_of(DEAR_1024))
-    assert not first_steps_alone(new, candidates([10]), 8, model_of(DEAR_1024)), "7 passed over wait too"
-    assert not first_steps_alone(new, candidates([10]), 1, model_of(CHEAP_512))
-    assert not first_steps_alone(new, candidates([10]), 1, CostModel()), "unmeasured: they join"
-
-
-def test_an_overdue_request_is_never_put_off_for_a_first_step():
-    model = model_of({1: 0.1, 8: 0.8})
-    late = candidates([10], waited=[100.0])
     fresh = Candidate("new", GROUP, 20, 20, 0.0)
-    assert CostPolicy().choose(late + [fresh], model) == {"r0", "new"}
+    assert CostPolicy().choose(running + [fresh], model) == {"r0", "new"}
+    fresh_big = Candidate("new-big", BIG, 20, 20, 0.0)
+    assert CostPolicy().choose(running + [fresh_big], model) == {"r0", "new-big"}
 
 
 def test_an_unmeasured_group_steps_at_once_beside_measured_ones():

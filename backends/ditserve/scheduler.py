@@ -34,13 +34,12 @@ requests per forward, p99 1.36x request batching; perf/results/2026-12-02-h200-s
   one whose head finishes soonest when it runs alone (its fewest remaining steps x the
   estimated forward of its chosen k: SRPT between groups). Every group not measured yet also
   steps (once, so measured; it never starves). With one group this is the within-group rule.
-- First steps: a request not stepped yet takes its first step in this execute (time to first
-  step; simulated against the previous rule in perf/sched_sim.py,
-  perf/results/2026-12-02-sim-scheduler-s12-*.md). It joins the chosen rows' forwards, or, when
-  that lowers the summed latency, it steps alone and they wait one round (`first_steps_alone`):
-  at 1024px two requests cost ~1.9x one, so joining made a newcomer's first step last a
-  2-request forward (95 ms against 49 on the H200) to save the running ones ~3 ms; at 512px,
-  where rows are nearly free, it joins.
+- First steps: a request not stepped yet takes its first step in this execute, in its group's
+  forward or as its group's own (time to first step; it costs the running rows one forward).
+  Simulated against the previous rule in perf/sched_sim.py (perf/results/2026-12-02-sim-scheduler-s12-*.md).
+  Tried in session 23 and dropped, both without effect on a real server with the H200's 1024px
+  curve emulated (docs/scheduler.md, "Session 23"): stepping newcomers alone when that lowers the
+  summed latency, and adding a round's measured overhead outside the forwards to the curve.
 """
 from __future__ import annotations
 
@@ -351,36 +350,8 @@ class CostPolicy:
                                -max(c.waited for c in members)))
         if urgency:
             chosen.update(c.key for c in plans[min(urgency, key=urgency.get)])
-        fresh = [c for c in candidates if c.new]
-        others = [c for c in candidates if not c.new]
-        running = [c for c in others if c.key in chosen]
-        if (fresh and running and not any(self.overdue(c, model) for c in others)
-                and first_steps_alone(fresh, running, len(others), model)):
-            return {c.key for c in fresh}
-        return chosen | {c.key for c in fresh}
-
-
-def execute_seconds(members: list[Candidate], model: CostModel) -> float | None:
-    """Estimated seconds of one execute stepping `members`: their groups' forwards back to back
-    (None if a group is not measured yet)."""
-    sizes: dict[tuple, int] = {}
-    for c in members:
-        sizes[c.group] = sizes.get(c.group, 0) + 1
-    costs = [model.estimate(group, size) for group, size in sizes.items()]
-    return None if None in costs else sum(costs)
-
-
-def first_steps_alone(fresh: list[Candidate], running: list[Candidate], waiting: int, model: CostModel) -> bool:
-    """Whether the `fresh` requests' first steps should run without the `running` ones (who step
-    next round): when that lowers the summed latency of the `waiting` requests that are not fresh
-    (the running ones and those passed over this round) and the fresh ones. Together, the round
-    ends at `together`; apart, the fresh ones' at `alone` and the running ones' at `alone + rest`,
-    which delays every waiting request by the batching gain given up. Unmeasured groups join
-    (their forward measures them)."""
-    together, alone, rest = (execute_seconds(members, model) for members in (fresh + running, fresh, running))
-    if None in (together, alone, rest):
-        return False
-    return len(fresh) * (alone - together) + waiting * (alone + rest - together) < 0
+        chosen.update(c.key for c in candidates if c.new)
+        return chosen
 
 
 class StepScheduler:
