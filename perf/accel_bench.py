@@ -198,7 +198,11 @@ def served(args, work: Path, report: dict) -> None:
         accel.setdefault("compile_cache", str(work / "inductor-cache"))
         shutil.rmtree(accel["compile_cache"], ignore_errors=True)
     variant = work / f"{args.name}.toml"
-    cache = {"tiers": parse_tiers(args.cache_tiers), "back_blocks": args.cache_back_blocks} if args.cache_tiers else None
+    cache = None
+    if args.cache_tiers:
+        cache = {"tiers": parse_tiers(args.cache_tiers)}
+        if args.cache_back_blocks is not None:
+            cache["back_blocks"] = args.cache_back_blocks
     engine = {"mode": "step", "capacity": args.capacity, "in_flight": args.in_flight}
     if args.steps_per_execute:
         engine["steps_per_execute"] = args.steps_per_execute
@@ -298,8 +302,9 @@ def main() -> int:
                     help="quality tiers to measure, lossless first (e.g. lossless,fast); the lossy ones need --cache-tiers "
                          "or the deployment's [cache]")
     ap.add_argument("--cache-tiers", nargs="*", default=[], help="the variant's [cache] tiers: name=threshold ...")
-    ap.add_argument("--cache-back-blocks", type=int, default=0,
-                    help="the variant's [cache] back_blocks (the last N blocks run at every step)")
+    ap.add_argument("--cache-back-blocks", type=int, default=None,
+                    help="the variant's [cache] back_blocks (the last N blocks run at every step); default: "
+                         "the deployment's")
     ap.add_argument("--out", default=str(ROOT / "outputs" / "accel"))
     args = ap.parse_args()
     if args.tiers.split(",")[0] != LOSSLESS:
