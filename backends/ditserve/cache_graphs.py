@@ -50,8 +50,8 @@ class CachedGraphs:
     `compile_backend` (the deployment's `[accel] compile_backend`) compiles each block on its own
     before capture, as the lossless graphs capture the compiled forward: fused kernels for the
     blocks, the segments' glue eager. The blocks share one code object, so one compile (per
-    dynamic shape) serves them all. Measured eager in the segments on the H200, a tier that reused
-    nothing cost 1.08-1.10x lossless (perf/results/2026-12-03-h200-cache-graphs.md)."""
+    dynamic shape) serves them all. On the H200 a tier that reused nothing cost 1.08-1.10x lossless
+    with eager blocks in the segments, 0.99x with compiled ones (perf/results/2026-12-03-h200-cache-graphs.md)."""
 
     def __init__(self, forward: Callable, owner: torch.nn.Module, blocks: str, buckets: list[int],
                  pool=None, capture: bool = True, compile_backend: str | None = None, back: int = 0):

@@ -37,9 +37,10 @@ requests per forward, p99 1.36x request batching; perf/results/2026-12-02-h200-s
 - First steps: a request not stepped yet takes its first step in this execute, in its group's
   forward or as its group's own (time to first step; it costs the running rows one forward).
   Simulated against the previous rule in perf/sched_sim.py (perf/results/2026-12-02-sim-scheduler-s12-*.md).
-  Tried in session 23 and dropped, both without effect on a real server with the H200's 1024px
-  curve emulated (docs/scheduler.md, "Session 23"): stepping newcomers alone when that lowers the
-  summed latency, and adding a round's measured overhead outside the forwards to the curve.
+  Tried in session 23 and dropped, as neither lowered the median on a real server with the H200's
+  1024px curve emulated (docs/scheduler.md, "Session 23"): stepping newcomers alone when that
+  lowers the summed latency, and adding a round's measured overhead outside the forwards to the
+  curve.
 """
 from __future__ import annotations
 
