@@ -35,11 +35,12 @@ Model of the server (assumptions; the numbers come from the control JSON):
   exp(|N(0, sigma)|) (text_encoder and vae_decode share the GPU as other processes; their kernels
   only ever lengthen a timed forward); the simulated clock keeps the true times.
 - Triton hands dit at most --capacity generations (FIFO); others wait. New generations join at
-  the next execute. Blind spot: every ready generation is in every execute here, so a newcomer always
-  meets the running ones; on a real server Triton seldom hands dit a newcomer in the same execute
-  as a running generation (perf/results/2026-12-03-cpu-h200-linear-s23.md), so rules about first
-  steps need a real-server check (perf/matched_control.py on an emulated deployment). The `cost` scheduler has learned each shape's forward at size 1 before the
+  the next execute. The `cost` scheduler has learned each shape's forward at size 1 before the
   trace (the matched control's solo phase does that; simulated here the same way).
+- Blind spot: every ready generation is in every execute here, so a newcomer always meets the
+  running ones; on a real server Triton seldom hands dit a newcomer in the same execute as a
+  running generation (perf/results/2026-12-03-cpu-h200-linear-s23.md). Rules about first steps
+  need a real-server check (perf/matched_control.py on an emulated deployment).
 
 Run:  .venv/bin/python perf/sched_sim.py --synthetic 1024-only:1024:0.8 --out /tmp/sim   (see --help;
 the command of each recorded run is at the top of its .md)
