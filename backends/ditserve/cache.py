@@ -141,7 +141,7 @@ def middle(blocks: list, back: int) -> list:
 
 def back_of(blocks: list, back: int) -> list:
     """The last `back` blocks, which every row runs on every step (`[cache] back_blocks`)."""
-    return blocks[len(blocks) - back:] if back else []
+    return blocks[len(blocks) - back:]
 
 
 class _CachedBlocks(torch.nn.Module):
