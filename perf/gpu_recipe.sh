@@ -31,7 +31,10 @@
 #             e.g. 1.1968 replays the 1024px traces of 2026-12-03), one trace per fraction, one
 #             server per mode; e.g. SCHED_LOADS=0.5,0.8,0.95 SCHED_SIZES=1024 SCHED_STEPS=20 SCHED_GUIDANCE=4.5;
 #             SCHED_ACCEL="text_encoder=compile vae_decode=compile" serves both modes with those [accel] keys
-#             (eager otherwise; the compile cache in /tmp makes the second server's load warm)
+#             (eager otherwise; the compile cache in /tmp makes the second server's load warm).
+#             Not with transformer=cuda_graphs in one 600 s call: session 24's 512px ladder with
+#             graphs + cuDNN + compiled T5 was not READY after 300 s on the first server (two T5
+#             instances compiled for 229-248 s beside dit's capture); two such warm-ups do not fit.
 #   soak      issue 19: perf/soak.py on SOAK_DEPLOYMENT (default perf/deployments/pixart-sigma-soak-h200.toml:
 #             full-size PixArt, step + cost, capacity 16, CUDA graphs and compiled T5 / VAE decode warmed at
 #             256x256, compile cache in /tmp) with its own [accel] (SOAK_ACCEL_FROM=FILE takes FILE's, warmed
