@@ -32,9 +32,13 @@
 #             server per mode; e.g. SCHED_LOADS=0.5,0.8,0.95 SCHED_SIZES=1024 SCHED_STEPS=20 SCHED_GUIDANCE=4.5;
 #             SCHED_ACCEL="text_encoder=compile vae_decode=compile" serves both modes with those [accel] keys
 #             (eager otherwise; the compile cache in /tmp makes the second server's load warm).
-#             Not with transformer=cuda_graphs in one 600 s call: session 24's 512px ladder with
-#             graphs + cuDNN + compiled T5 was not READY after 300 s on the first server (two T5
-#             instances compiled for 229-248 s beside dit's capture); two such warm-ups do not fit.
+#             A cold compile cache does not fit a ladder with transformer=cuda_graphs in one 600 s
+#             call: session 24's 512px ladder with graphs + cuDNN + compiled T5 was not READY after
+#             SCHED_SERVER_TIMEOUT (300 s) on the first server (its two T5 instances compiled for
+#             229-248 s beside dit's capture). Each [accel] attention choice has its own compile
+#             cache directory (accel.configure_compiler), so an earlier call without cuDNN does not
+#             warm it: warm it first with a call that starts the same [accel] (e.g. the same ladder
+#             with SCHED_LOADS=0.5 SCHED_N=10 SCHED_SERVER_TIMEOUT=560), then run the ladder.
 #   soak      issue 19: perf/soak.py on SOAK_DEPLOYMENT (default perf/deployments/pixart-sigma-soak-h200.toml:
 #             full-size PixArt, step + cost, capacity 16, CUDA graphs and compiled T5 / VAE decode warmed at
 #             256x256, compile cache in /tmp) with its own [accel] (SOAK_ACCEL_FROM=FILE takes FILE's, warmed
@@ -118,7 +122,7 @@
 # SOAK_DEPLOYMENT (perf/deployments/pixart-sigma-soak-h200.toml), SOAK_ARGS (extra soak.py args),
 # CONTROL_RATE (0.6 req/s), CONTROL_N (24), CONTROL_ARGS (extra args),
 # SCHED_MODES, SCHED_CAPACITY, SCHED_RATE (1.0 req/s), SCHED_N (40), SCHED_SIZES, SCHED_STEPS, SCHED_GUIDANCE,
-# SCHED_LOADS, SCHED_SAT_S, SCHED_SAT_RPS, SCHED_ACCEL (scheduler stage),
+# SCHED_LOADS, SCHED_SAT_S, SCHED_SAT_RPS, SCHED_ACCEL, SCHED_SERVER_TIMEOUT (300 s) (scheduler stage),
 # VIDEO_STEPS (2), VIDEO_REPS (3), VIDEO_TEXT_ENCODER_LAYERS (24 = real),
 # I2V_STEPS (2), I2V_REPS (1), I2V_TRANSPORTS (grpc,system), I2V_TEXT_ENCODER_LAYERS (24 = real),
 # I2V_TRANSFORMER_LAYERS (40 = real; fewer cut only the transformer's depth: per-step time
@@ -598,7 +602,7 @@ stage_scheduler() {
     "$PY" perf/matched_control.py --deployment "$DEPLOYMENT" --modes "$modes" --compare "${modes##*,}" \
         --capacity "${SCHED_CAPACITY:-16}" "${load[@]}" "${accel[@]}" --num-requests "${SCHED_N:-40}" \
         --sizes "${SCHED_SIZES:-512,768,1024}" --steps "${SCHED_STEPS:-4,30}" --guidance "${SCHED_GUIDANCE:-1.0,4.5}" \
-        --seed 22 --server-timeout 300 --keep-workdir --out-dir "$ctrl"
+        --seed 22 --server-timeout "${SCHED_SERVER_TIMEOUT:-300}" --keep-workdir --out-dir "$ctrl"
     local rc=$? logs
     # Every mode's server log (the scheduler's curves, stage timings, any stack dump) comes back too.
     logs=$(ls -t "${TMPDIR:-/tmp}"/matched_control.*/server-*.log 2>/dev/null | head -"$(tr ',' '\n' <<<"$modes" | wc -l)")
