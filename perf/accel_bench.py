@@ -203,6 +203,8 @@ def served(args, work: Path, report: dict) -> None:
         cache = {"tiers": parse_tiers(args.cache_tiers)}
         if args.cache_back_blocks is not None:
             cache["back_blocks"] = args.cache_back_blocks
+        if args.cache_front_blocks is not None:
+            cache["front_blocks"] = args.cache_front_blocks
     engine = {"mode": "step", "capacity": args.capacity, "in_flight": args.in_flight}
     if args.steps_per_execute:
         engine["steps_per_execute"] = args.steps_per_execute
@@ -305,6 +307,9 @@ def main() -> int:
     ap.add_argument("--cache-back-blocks", type=int, default=None,
                     help="the variant's [cache] back_blocks (the last N blocks run at every step); default: "
                          "the deployment's")
+    ap.add_argument("--cache-front-blocks", type=int, default=None,
+                    help="the variant's [cache] front_blocks (the first N blocks run at every step and decide); "
+                         "default: the deployment's")
     ap.add_argument("--out", default=str(ROOT / "outputs" / "accel"))
     args = ap.parse_args()
     if args.tiers.split(",")[0] != LOSSLESS:

@@ -86,6 +86,8 @@ def main() -> None:
     ap.add_argument("--extra", nargs="*", default=[], help="more tiers to try, name=threshold")
     ap.add_argument("--back-blocks", type=int, default=None,
                     help="[cache] back_blocks for every tier (default: the deployment's)")
+    ap.add_argument("--front-blocks", type=int, default=None,
+                    help="[cache] front_blocks for every tier (default: the deployment's)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: steadier on a shared machine)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -95,7 +97,9 @@ def main() -> None:
     deployment = load_deployment(args.deployment)
     tiers = {**deployment.cache.tiers, **{k: float(v) for k, v in (e.split("=") for e in args.extra)}}
     back = deployment.cache.back_blocks if args.back_blocks is None else args.back_blocks
-    deployment = replace(deployment, cache=replace(deployment.cache, tiers=tiers, enabled=(), back_blocks=back))
+    front = deployment.cache.front_blocks if args.front_blocks is None else args.front_blocks
+    deployment = replace(deployment, cache=replace(deployment.cache, tiers=tiers, enabled=(), back_blocks=back,
+                                                   front_blocks=front))
     family = adapter_for(deployment.model.family)
     stages = {stage: family(deployment, stage) for stage in ("text_encoder", "dit", "vae_decode")}
     combos = shapes_dataset.eval_prompts()[:args.prompts]
@@ -119,8 +123,8 @@ def main() -> None:
         ssims = [ssim(a, b) for a, b in zip(images, reference)]
         score = shapes_dataset.score(images, combos)
         # Transformer blocks run / blocks a lossless run needs: machine-independent work left. The
-        # first and the back blocks run at every step; the others on the steps that compute.
-        work = statistics.mean((steps * (1 + back) + (steps - h) * (blocks - 1 - back)) / (steps * blocks)
+        # front and the back blocks run at every step; the others on the steps that compute.
+        work = statistics.mean((steps * (front + back) + (steps - h) * (blocks - front - back)) / (steps * blocks)
                                for h in hits)
         results[tier] = {
             "threshold": tiers.get(tier), "denoise_seconds_median": round(seconds, 3),
@@ -135,7 +139,7 @@ def main() -> None:
         print(f"{tier:>10}: {json.dumps(results[tier])}", flush=True)
     record = {"command": " ".join(sys.argv), "deployment": args.deployment, "prompts": len(base),
               "batch": args.batch, "repeats": args.repeats, "transformer_blocks": blocks, "size": f"{d.height}x{d.width}", "device": str(stages["dit"].device),
-              "torch_threads": torch.get_num_threads(), "back_blocks": back, "tiers": results,
+              "torch_threads": torch.get_num_threads(), "back_blocks": back, "front_blocks": front, "tiers": results,
               "note": "psnr 99 = identical; speed-up = median lossless denoise seconds / the tier's, same run, interleaved"}
     Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {args.out}")

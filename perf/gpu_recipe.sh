@@ -91,7 +91,7 @@
 #             capacity 8, 8 closed-loop clients; wan: 81x480x832 10 steps solo), the served tiers
 #             (perf/accel_bench.py --tiers: lossless vs each of CACHE_SERVED_TIERS, default
 #             fast=0.07 t10=0.1 t20=0.2, with ACCEL_SETTINGS and [cache] back_blocks = CACHE_BACK_BLOCKS,
-#             default 0) -> $OUT/cache.tgz; e.g.
+#             default 0, front_blocks = CACHE_FRONT_BLOCKS, default 1) -> $OUT/cache.tgz; e.g.
 #             CACHE_FRONTIER=0 CACHE_SERVED=pixart1024 RECIPE_DEADLINE_S=570 bash perf/gpu_recipe.sh cache
 #   i2v       full-size Wan2.1-I2V-14B-480P (random weights) -> models/wan2.1-i2v-14b-480p-random
 #             (~46 GB: transformer 16.4B, UMT5-XXL 5.7B, CLIP ViT-H/14 0.63B, VAE), then
@@ -428,7 +428,7 @@ stage_cache() {
         model_ready || stage_build || return $?
         "$PY" perf/cache_frontier.py --deployment "$DEPLOYMENT" --steps "$STEPS" --prompts "${CACHE_PROMPTS:-16}" \
             --batch "${CACHE_BATCH:-8}" --threads 16 --extra ${CACHE_TIERS:-t05=0.05 t10=0.1 t20=0.2} \
-            --back-blocks "${CACHE_BACK_BLOCKS:-0}" \
+            --back-blocks "${CACHE_BACK_BLOCKS:-0}" --front-blocks "${CACHE_FRONT_BLOCKS:-1}" \
             --out "$OUT/cache_frontier.json" || rc=$?
     fi
     [[ -z "${CACHE_SERVED:-}" ]] || run_rows cache cache_row "$CACHE_SERVED" || rc=$?
@@ -443,7 +443,7 @@ cache_row() {
     local tiers=(${CACHE_SERVED_TIERS:-fast=0.07 t10=0.1 t20=0.2}) names
     names=$(printf ',%s' "${tiers[@]%%=*}")
     local common=(--out "$WORK/cache" --tiers "lossless$names" --cache-tiers "${tiers[@]}"
-                  --cache-back-blocks "${CACHE_BACK_BLOCKS:-0}"
+                  --cache-back-blocks "${CACHE_BACK_BLOCKS:-0}" --cache-front-blocks "${CACHE_FRONT_BLOCKS:-1}"
                   --accel ${ACCEL_SETTINGS:-transformer=cuda_graphs vae_decode=compile text_encoder=compile})
     case "$1" in
         pixart1024) model_ready || stage_build || return $?
@@ -725,7 +725,7 @@ main() {
         esac
     done
     mkdir -p "$WORK"
-    export REPO_ROOT PY OUT DEADLINE_S DEPLOYMENT MODEL_DIR DEVICE SIZE STEPS WORK START_EPOCH ACCEL_ROWS="${ACCEL_ROWS:-pixart512,pixart1024}" ACCEL_SETTINGS CACHE_SERVED CACHE_SERVED_TIERS CACHE_BACK_BLOCKS CACHE_FRONTIER \
+    export REPO_ROOT PY OUT DEADLINE_S DEPLOYMENT MODEL_DIR DEVICE SIZE STEPS WORK START_EPOCH ACCEL_ROWS="${ACCEL_ROWS:-pixart512,pixart1024}" ACCEL_SETTINGS CACHE_SERVED CACHE_SERVED_TIERS CACHE_BACK_BLOCKS CACHE_FRONT_BLOCKS CACHE_FRONTIER \
         FAMILY_ROWS="${FAMILY_ROWS:-flux,sd3}"
     export -f log remaining model_ready stage_env stage_build stage_baseline stage_smoke stage_control stage_scheduler collect_control \
         stage_matrix build_wan_t2v stage_sweeps stage_soak stage_video stage_i2v accel_row in_flight stage_accel family_row stage_family run_rows stage_probe stage_cache cache_row

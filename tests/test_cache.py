@@ -88,14 +88,14 @@ def test_a_family_without_a_cached_forward_refuses_cache_tiers_at_load(tmp_path)
         adapter_for(flux.model.family)(flux, "dit")
 
 
-def _three_cfg_requests(config: str, back: int = 0) -> tuple:
-    """dit's adapter for a family with a cached forward (`back` blocks run for every row), and
-    three CFG requests at different timesteps."""
+def _three_cfg_requests(config: str, back: int = 0, front: int = 1) -> tuple:
+    """dit's adapter for a family with a cached forward (`front` first and `back` last blocks run
+    for every row), and three CFG requests at different timesteps."""
     from ditserve.adapters import adapter_for
     from ditserve.schema import GenerationParams
 
     deployment = load_deployment(ROOT / "configs" / config)
-    deployment = replace(deployment, cache=replace(deployment.cache, back_blocks=back))
+    deployment = replace(deployment, cache=replace(deployment.cache, back_blocks=back, front_blocks=front))
     adapter = adapter_for(deployment.model.family)(deployment, "dit")
     blocks = getattr(adapter.pipe.transformer, adapter.cache_blocks)
     if len(blocks) < 2:   # the tiny Wan has one block: give it a second, so that there is a rest to skip
@@ -112,24 +112,25 @@ def _three_cfg_requests(config: str, back: int = 0) -> tuple:
     return adapter, states
 
 
-@pytest.mark.parametrize("config, compile_backend, back", [
-    ("tiny-pixart-shapes.toml", None, 0), ("tiny-wan-t2v.toml", None, 0), ("tiny-wan-i2v.toml", None, 0),
-    ("tiny-pixart-shapes.toml", "aot_eager", 0), ("tiny-pixart-shapes.toml", None, 2)])
-def test_segmented_cached_forward_equals_the_eager_one(config, compile_backend, back):
+@pytest.mark.parametrize("config, compile_backend, back, front", [
+    ("tiny-pixart-shapes.toml", None, 0, 1), ("tiny-wan-t2v.toml", None, 0, 1), ("tiny-wan-i2v.toml", None, 0, 1),
+    ("tiny-pixart-shapes.toml", "aot_eager", 0, 1), ("tiny-pixart-shapes.toml", None, 2, 1),
+    ("tiny-pixart-shapes.toml", None, 1, 2)])
+def test_segmented_cached_forward_equals_the_eager_one(config, compile_backend, back, front):
     """cache_graphs.CachedGraphs (the cached forward cut into head / rest / tail for CUDA graphs),
     captured where a GPU is present, else run on its static buffers: over steps where the requests
     compute, reuse or mix, its outputs and cache hits equal the eager cached forward's; also with
-    its blocks compiled (as a `cuda_graphs` deployment captures them), and with back blocks."""
+    its blocks compiled (as a `cuda_graphs` deployment captures them), and with front and back blocks."""
     from torch._dynamo.utils import counters
 
     from ditserve.accel import signature
     from ditserve.cache_graphs import CachedGraphs
 
-    adapter, states = _three_cfg_requests(config, back)
+    adapter, states = _three_cfg_requests(config, back, front)
     capture = adapter.device.type == "cuda"
     graphs = CachedGraphs(adapter.forward, adapter.pipe.transformer, adapter.cache_blocks, [1, 2, 4, 8],
                           pool=torch.cuda.graph_pool_handle() if capture else None, capture=capture,
-                          compile_backend=compile_backend, back=back)
+                          compile_backend=compile_backend, front=front, back=back)
     inputs = adapter.batch_inputs(states)
     sig = signature(inputs, {})
     compiled_before = counters["stats"]["unique_graphs"]
@@ -149,14 +150,15 @@ def test_segmented_cached_forward_equals_the_eager_one(config, compile_backend, 
     assert segment_caches[0].hits >= 1 and segment_caches[2].hits == 3   # steps that mixed rest and tail rows
 
 
-@pytest.mark.parametrize("config, back", [("tiny-pixart-shapes.toml", 0), ("tiny-wan-t2v.toml", 0),
-                                          ("tiny-wan-i2v.toml", 0), ("tiny-pixart-shapes.toml", 2)])
-def test_lossless_rows_of_the_cached_path_equal_the_plain_forward_bit_for_bit(config, back):
+@pytest.mark.parametrize("config, back, front", [("tiny-pixart-shapes.toml", 0, 1), ("tiny-wan-t2v.toml", 0, 1),
+                                                 ("tiny-wan-i2v.toml", 0, 1), ("tiny-pixart-shapes.toml", 2, 1),
+                                                 ("tiny-pixart-shapes.toml", 1, 2)])
+def test_lossless_rows_of_the_cached_path_equal_the_plain_forward_bit_for_bit(config, back, front):
     """The in-process half of the parity claim, per family with a cached forward: beside
     requests that reuse (and so leave the batch for the later blocks), a lossless request's
     output equals that of the plain forward of the same batch exactly; with no reuse at all the
-    cached path is the plain forward. Also with back blocks."""
-    adapter, states = _three_cfg_requests(config, back)
+    cached path is the plain forward. Also with front and back blocks."""
+    adapter, states = _three_cfg_requests(config, back, front)
     plain = adapter.denoise(states)
     caches = [RowCache(threshold=1e9), None, RowCache(threshold=1e9)]   # always reuse once cached
     for state, cache in zip(states, caches):
@@ -174,13 +176,14 @@ def test_lossless_rows_of_the_cached_path_equal_the_plain_forward_bit_for_bit(co
     assert not torch.equal(mixed[0], plain[0]), "a reusing request's output comes from its cache"
 
 
-def test_back_blocks_run_every_row_and_the_reused_rows_skip_only_the_middle():
-    """[cache] back_blocks = 2 (DBCache's Bn): while two of three requests reuse, the first and the
-    last 2 blocks see all 6 CFG rows, the blocks between them only the computing request's 2; a
-    reused output then differs from the same step with no back blocks (they correct it)."""
+def test_front_and_back_blocks_run_every_row_and_the_reused_rows_skip_only_the_middle():
+    """[cache] back_blocks = 2 (DBCache's Bn), front_blocks = 2 (Fn): while two of three requests
+    reuse, the front and back blocks see all 6 CFG rows, the blocks between them only the
+    computing request's 2; a reused output then differs from the same step with no back blocks
+    (they correct it)."""
     outputs = {}
-    for back in (0, 2):
-        adapter, states = _three_cfg_requests("tiny-pixart-shapes.toml", back)
+    for front, back in ((1, 0), (1, 2), (2, 1)):
+        adapter, states = _three_cfg_requests("tiny-pixart-shapes.toml", back, front)
         blocks = list(getattr(adapter.pipe.transformer, adapter.cache_blocks))
         rows: dict[int, list[int]] = {i: [] for i in range(len(blocks))}
         for i, block in enumerate(blocks):
@@ -193,20 +196,27 @@ def test_back_blocks_run_every_row_and_the_reused_rows_skip_only_the_middle():
             state.latents = state.latents * 1.05
         for seen in rows.values():
             seen.clear()
-        outputs[back] = adapter.denoise(states)       # requests 0 and 2 reuse
+        outputs[front, back] = adapter.denoise(states)   # requests 0 and 2 reuse
         skipped = [i for i, seen in rows.items() if seen == [2]]
-        assert rows[0] == [6] and skipped == list(range(1, len(blocks) - back))
+        assert all(rows[i] == [6] for i in range(front)) and skipped == list(range(front, len(blocks) - back))
         assert all(rows[i] == [6] for i in range(len(blocks) - back, len(blocks)))
-    assert torch.equal(outputs[0][1], outputs[2][1]), "the lossless request runs every block either way"
-    assert not torch.equal(outputs[0][0], outputs[2][0])
+    assert torch.equal(outputs[1, 0][1], outputs[1, 2][1]), "the lossless request runs every block either way"
+    assert torch.equal(outputs[1, 0][1], outputs[2, 1][1])
+    assert not torch.equal(outputs[1, 0][0], outputs[1, 2][0])
 
 
-def test_back_blocks_beyond_the_model_are_refused_at_load(tmp_path):
+def test_front_and_back_blocks_beyond_the_model_are_refused_at_load(tmp_path):
     with pytest.raises(ValueError, match=r"\[cache\] back_blocks=-1; allowed: an integer >= 0"):
         write_variant(SHAPES, tmp_path / "neg.toml", {}, "test", cache={"back_blocks": -1})
-    _three_cfg_requests("tiny-pixart-shapes.toml", 6)   # 8 blocks: the first and one more stay cached
-    with pytest.raises(ValueError, match=r"back_blocks=7; this transformer has 8 blocks: allowed 0..6"):
+    with pytest.raises(ValueError, match=r"\[cache\] front_blocks=0; allowed: an integer >= 1"):
+        write_variant(SHAPES, tmp_path / "zero.toml", {}, "test", cache={"front_blocks": 0})
+    _three_cfg_requests("tiny-pixart-shapes.toml", 6)      # 8 blocks: the first and one more stay cached
+    _three_cfg_requests("tiny-pixart-shapes.toml", 3, 4)
+    with pytest.raises(ValueError, match=r"front_blocks=1, back_blocks=7; this transformer has 8 blocks: allowed "
+                                         r"front_blocks \+ back_blocks up to 7"):
         _three_cfg_requests("tiny-pixart-shapes.toml", 7)
+    with pytest.raises(ValueError, match=r"front_blocks=6, back_blocks=2; this transformer has 8 blocks"):
+        _three_cfg_requests("tiny-pixart-shapes.toml", 2, 6)
 
 
 # ---- served ------------------------------------------------------------------------------

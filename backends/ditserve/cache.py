@@ -21,6 +21,10 @@ joint blocks return the text stream too).
 step, so the cached residual covers only the middle blocks and a reused step still passes
 through the back blocks with its own timestep and hidden states. On the trained tiny model that
 buys ~3 dB at the same projected speed (docs/cache.md).
+
+`[cache] front_blocks = n` (DBCache "Fn", default 1): the first n blocks run for every row and the
+decision reads their residual together, a steadier signal than one block's; a reused step then
+costs n + back blocks. "First block" below means these front blocks.
 """
 from __future__ import annotations
 
@@ -134,9 +138,14 @@ def _rows(value: Any, index: torch.Tensor, total: int) -> Any:
     return value
 
 
-def middle(blocks: list, back: int) -> list:
-    """The blocks a reusing request skips: all but the first and the last `back`."""
-    return blocks[1:len(blocks) - back]
+def front_of(blocks: list, front: int) -> list:
+    """The first `front` blocks, which every row runs and whose residual decides (`[cache] front_blocks`)."""
+    return blocks[:front]
+
+
+def middle(blocks: list, front: int, back: int) -> list:
+    """The blocks a reusing request skips: all but the first `front` and the last `back`."""
+    return blocks[front:len(blocks) - back]
 
 
 def back_of(blocks: list, back: int) -> list:
@@ -145,14 +154,14 @@ def back_of(blocks: list, back: int) -> list:
 
 
 class _CachedBlocks(torch.nn.Module):
-    """Stands in for a transformer's block list during one forward: iterating it yields the
-    first block (recording its input), one step that applies the cache to the middle blocks,
-    then the `back` last blocks as they are (every row runs them)."""
+    """Stands in for a transformer's block list during one forward: iterating it yields one step
+    that runs the `front` first blocks (recording their input), one step that applies the cache to
+    the middle blocks, then the `back` last blocks as they are (every row runs them)."""
 
-    def __init__(self, blocks: torch.nn.ModuleList, caches: list[RowCache | None], back: int = 0):
+    def __init__(self, blocks: torch.nn.ModuleList, caches: list[RowCache | None], front: int = 1, back: int = 0):
         super().__init__()
         object.__setattr__(self, "blocks", blocks)   # not registered: the transformer keeps owning them
-        self.caches, self.back = caches, back
+        self.caches, self.front, self.back = caches, front, back
         self.first_in: torch.Tensor | None = None
 
     def __iter__(self) -> Iterator[Callable]:
@@ -162,7 +171,9 @@ class _CachedBlocks(torch.nn.Module):
 
     def _first(self, hidden: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         self.first_in = hidden
-        return self.blocks[0](hidden, *args, **kwargs)
+        for block in front_of(list(self.blocks), self.front):
+            hidden = block(hidden, *args, **kwargs)
+        return hidden
 
     def _rest(self, hidden: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         total = hidden.shape[0]
@@ -172,7 +183,7 @@ class _CachedBlocks(torch.nn.Module):
             if index is not None:
                 a = tuple(_rows(v, index, total) for v in args)
                 k = {name: _rows(v, index, total) for name, v in kwargs.items()}
-            for block in middle(list(self.blocks), self.back):
+            for block in middle(list(self.blocks), self.front, self.back):
                 states = block(states, *a, **k)
             return states
 
@@ -192,9 +203,9 @@ def swapped_blocks(transformer: torch.nn.Module, blocks: str, stand_in: torch.nn
 
 @contextlib.contextmanager
 def first_block_cache(transformer: torch.nn.Module, blocks: str, caches: list[RowCache | None],
-                      back: int = 0) -> Iterator[None]:
+                      front: int = 1, back: int = 0) -> Iterator[None]:
     """Inside, `transformer`'s forward applies each request's First-Block Cache to its block
-    list `blocks` (requests of equal row count, in batch order); the last `back` blocks run for
-    every row."""
-    with swapped_blocks(transformer, blocks, _CachedBlocks(getattr(transformer, blocks), caches, back)):
+    list `blocks` (requests of equal row count, in batch order); the first `front` and the last
+    `back` blocks run for every row."""
+    with swapped_blocks(transformer, blocks, _CachedBlocks(getattr(transformer, blocks), caches, front, back)):
         yield

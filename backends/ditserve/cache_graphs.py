@@ -5,11 +5,12 @@ decision, which reads each request's change on the host. The cached forward is t
 where it decides, into three segments, each diffusers' own forward over a stand-in block list
 (as `cache.first_block_cache` does eagerly; no family code), captured per row bucket:
 
-- head: every row, the first block only; gives the first block's input and output (the rest of
-  the forward then runs on that output: a few kernels, unused);
+- head: every row, the first block only (the first `[cache] front_blocks`); gives the first
+  block's input and output (the rest of the forward then runs on that output: a few kernels,
+  unused);
 - rest: the rows that compute; the head's first-block output stands in for the first block,
   then the other blocks; gives the model output and the hidden states after the middle blocks
-  (all but the first and `[cache] back_blocks` last: cache.middle);
+  (all but the front and the `[cache] back_blocks` last: cache.middle);
 - tail: the rows that reuse; their first-block output plus the residual cached when their
   middle blocks last ran stands in for the first and middle blocks, then the back blocks run;
   gives the model output.
@@ -26,7 +27,7 @@ from typing import Callable, Iterator
 import torch
 
 from .accel import BucketGraph, flat_inputs, pad_rows, row_bucket, unflat_inputs
-from .cache import RowCache, back_of, middle, plan_reuse, remember, request_rows, reused_hidden, swapped_blocks
+from .cache import RowCache, back_of, front_of, middle, plan_reuse, remember, request_rows, reused_hidden, swapped_blocks
 from .state import TextConditioning
 
 class _Parts(torch.nn.Module):
@@ -54,8 +55,9 @@ class CachedGraphs:
     with eager blocks in the segments, 0.99x with compiled ones (perf/results/2026-12-03-h200-cache-graphs.md)."""
 
     def __init__(self, forward: Callable, owner: torch.nn.Module, blocks: str, buckets: list[int],
-                 pool=None, capture: bool = True, compile_backend: str | None = None, back: int = 0):
-        self.forward, self.owner, self.blocks, self.back = forward, owner, blocks, back
+                 pool=None, capture: bool = True, compile_backend: str | None = None, front: int = 1,
+                 back: int = 0):
+        self.forward, self.owner, self.blocks, self.front, self.back = forward, owner, blocks, front, back
         self.buckets, self.pool, self.capture = buckets, pool, capture
         self.block_calls: list[Callable] = list(getattr(owner, blocks))   # the blocks the segments run
         if compile_backend is not None:
@@ -127,8 +129,11 @@ class CachedGraphs:
             seen = {}
 
             def first(hidden, *args, **kwargs):
-                seen["in"], seen["out"] = hidden, blocks[0](hidden, *args, **kwargs)
-                return seen["out"]
+                seen["in"] = hidden
+                for block in front_of(blocks, self.front):
+                    hidden = block(hidden, *args, **kwargs)
+                seen["out"] = hidden
+                return hidden
             out = self._call(static, names, _Parts(first))
             return out, seen["in"], seen["out"]
         return run
@@ -141,7 +146,7 @@ class CachedGraphs:
             seen = {}
 
             def rest(hidden, *args, **kwargs):
-                for block in middle(blocks, self.back):
+                for block in middle(blocks, self.front, self.back):
                     hidden = block(hidden, *args, **kwargs)
                 seen["out"] = hidden
                 return hidden

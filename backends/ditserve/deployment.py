@@ -220,11 +220,14 @@ class CacheSection:
     back_blocks  the last N blocks run for every row at every step (cache-dit's DBCache "Bn"): a
              reused step skips only the blocks between the first and these; more quality for
              N blocks' work per reused step (docs/cache.md)
+    front_blocks  the first N blocks run for every row and their residual decides (DBCache "Fn",
+             default 1): a steadier decision for N - 1 more blocks' work per reused step
     """
 
     tiers: dict = field(default_factory=dict)
     enabled: tuple[str, ...] = ()
     back_blocks: int = 0
+    front_blocks: int = 1
 
     @property
     def allowed(self) -> tuple[str, ...]:
@@ -381,8 +384,8 @@ def _check_scheduler(engine: EngineSection) -> None:
 
 def _check_cache(cache: CacheSection) -> None:
     """[cache] tiers are names with positive thresholds; `enabled` names only listed tiers;
-    `back_blocks` is an integer >= 0 (its upper bound, the model's block count, is checked by the
-    adapter at load)."""
+    `back_blocks` is an integer >= 0 and `front_blocks` one >= 1 (their upper bound, the model's
+    block count, is checked by the adapter at load)."""
     if not isinstance(cache.tiers, dict):
         raise ValueError(f"deployment [cache] tiers={cache.tiers!r}; allowed: a table such as "
                          "{ balanced = 0.05, fast = 0.1 }")
@@ -398,6 +401,8 @@ def _check_cache(cache: CacheSection) -> None:
                          f"tiers does not define; defined: {sorted(cache.tiers)}")
     if not _integer(cache.back_blocks) or cache.back_blocks < 0:
         raise ValueError(f"deployment [cache] back_blocks={cache.back_blocks!r}; allowed: an integer >= 0")
+    if not _integer(cache.front_blocks) or cache.front_blocks < 1:
+        raise ValueError(f"deployment [cache] front_blocks={cache.front_blocks!r}; allowed: an integer >= 1")
 
 
 def _check_accel(dep: Deployment) -> None:

@@ -104,12 +104,13 @@ class FamilyAdapter(ABC):
         if stage == "dit" and deployment.cache.tiers and self.cache_blocks is None:
             raise ValueError(f"deployment [cache] tiers: family {self.family!r} has no cached forward yet; "
                              "remove the [cache] section")
-        if stage == "dit" and self.cache_blocks is not None and deployment.cache.back_blocks:
+        front, back = deployment.cache.front_blocks, deployment.cache.back_blocks
+        if stage == "dit" and self.cache_blocks is not None and (front > 1 or back):
             blocks = len(getattr(self.pipe.transformer, self.cache_blocks))
-            if deployment.cache.back_blocks > blocks - 2:
-                raise ValueError(f"deployment [cache] back_blocks={deployment.cache.back_blocks}; this transformer has "
-                                 f"{blocks} blocks: allowed 0..{blocks - 2} (the first block and one more must be "
-                                 "left to cache)")
+            if front + back > blocks - 1:
+                raise ValueError(f"deployment [cache] front_blocks={front}, back_blocks={back}; this transformer has "
+                                 f"{blocks} blocks: allowed front_blocks + back_blocks up to {blocks - 1} (one "
+                                 "block must be left to cache)")
 
     def _accelerate(self, stage: str) -> tuple[TransformerRunner | None, WarmCompiled | None]:
         """The deployment's [accel] for this stage: dit's transformer runner, or a compiled
@@ -126,6 +127,7 @@ class FamilyAdapter(ABC):
                     self.cached_graphs[module] = CachedGraphs(self.forward_for(module), getattr(self.pipe, module),
                                                               self.cache_blocks, runner.buckets, runner.pool,
                                                               compile_backend=accel.compile_backend,
+                                                              front=self.deployment.cache.front_blocks,
                                                               back=self.deployment.cache.back_blocks)
             return self.runners["transformer"], None
         if stage == "text_encoder" and accel.text_encoder == "compile":
@@ -220,7 +222,8 @@ class FamilyAdapter(ABC):
         """`forward` with a First-Block Cache per request over the family's `cache_blocks`, eager."""
         if self.cache_blocks is None:
             raise NotImplementedError(f"family {self.family!r} has no cached forward")
-        with first_block_cache(self.pipe.transformer, self.cache_blocks, caches, self.deployment.cache.back_blocks):
+        cache = self.deployment.cache
+        with first_block_cache(self.pipe.transformer, self.cache_blocks, caches, cache.front_blocks, cache.back_blocks):
             return self.forward(latents, timesteps, cond)
 
     def check_limits(self, stage: str) -> None:
