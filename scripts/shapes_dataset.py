@@ -115,6 +115,26 @@ def sample(combos: list[tuple[str, str, str]] | tuple[tuple[str, str, str], ...]
     return ShapeBatch(images * 2 - 1, index.to(device))
 
 
+def sample_video(combos: list[tuple[str, str, str]] | tuple[tuple[str, str, str], ...], batch: int, frames: int,
+                 generator: torch.Generator, device: torch.device | str = "cpu") -> ShapeBatch:
+    """A random batch of clips, images [B, 3, frames, SIZE, SIZE]: as `sample`, with the shape
+    gliding in a straight line from one random position to another (both fully in frame)."""
+    palette = torch.tensor([PALETTE[c] for c in COLOURS], dtype=torch.float32) / 255
+    table = torch.tensor([[COLOURS.index(c), SHAPES.index(s), COLOURS.index(b)] for c, s, b in combos])
+    index = torch.randint(len(combos), (batch,), generator=generator)
+    colour, shape, background = table[index].unbind(1)
+    radius = MIN_RADIUS + (MAX_RADIUS - MIN_RADIUS) * torch.rand(batch, generator=generator)
+    low, span = (radius + MARGIN).view(batch, 1, 1), (SIZE - 2 * (radius + MARGIN)).view(batch, 1, 1)
+    ends = low + span * torch.rand(batch, 2, 2, generator=generator)   # [B, start/end, x/y]
+    t = torch.linspace(0, 1, frames).view(1, frames, 1)
+    centre = ends[:, :1] + (ends[:, 1:] - ends[:, :1]) * t              # [B, frames, 2]
+    repeat = lambda v: v.repeat_interleave(frames, dim=0).to(device)  # noqa: E731  one row per frame
+    images = draw(repeat(shape), repeat(palette[colour]), repeat(palette[background]),
+                  centre.reshape(-1, 2).to(device), repeat(radius))
+    clips = images.view(batch, frames, 3, SIZE, SIZE).transpose(1, 2)
+    return ShapeBatch(clips * 2 - 1, index.to(device))
+
+
 @dataclass(frozen=True)
 class Measured:
     """What a picture shows, read back from its pixels."""
