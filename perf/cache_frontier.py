@@ -115,7 +115,8 @@ def main() -> None:
             runs[tier].append(run_tier(stages, [replace(p, quality=tier) for p in base], args.batch))
             print(f"pass {repeat + 1}/{args.repeats} {tier}: {runs[tier][-1][0]:.2f} s", flush=True)
     reference, results = runs[LOSSLESS][0][1], {}
-    blocks, steps = len(stages["dit"].pipe.transformer.transformer_blocks), base[0].num_inference_steps
+    dit = stages["dit"]
+    blocks, steps = len(getattr(dit.pipe.transformer, dit.cache_blocks)), base[0].num_inference_steps
     for tier in order:
         seconds = statistics.median(run[0] for run in runs[tier])
         _, images, hits = runs[tier][0]
