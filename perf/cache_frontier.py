@@ -10,6 +10,8 @@ one tier. Recorded per tier: denoise seconds (sum over batches), speed-up agains
 steps reused per request, and the decoded images' PSNR and SSIM against lossless at the same
 seed (mean and worst), the shapes score (scripts/shapes_dataset.py) as a content check, and
 the fraction of transformer-block work left (a speed-up bound that a busy machine cannot blur).
+A video deployment (a trained tiny Wan) is measured the same way on its clips: PSNR over the
+whole clip, SSIM and the shapes score over its frames.
 """
 from __future__ import annotations
 
@@ -48,6 +50,16 @@ def ssim(a: np.ndarray, b: np.ndarray) -> float:
     c1, c2 = (0.01 * 255) ** 2, (0.03 * 255) ** 2
     value = ((2 * mx * my + c1) * (2 * cov + c2)) / ((mx ** 2 + my ** 2 + c1) * (vx + vy + c2))
     return float(value.mean())
+
+
+def frames(media: np.ndarray) -> list[np.ndarray]:
+    """The [H, W, C] pictures of a decoded image ([H, W, C]) or clip ([F, H, W, C])."""
+    return list(media) if media.ndim == 4 else [media]
+
+
+def clip_ssim(a: np.ndarray, b: np.ndarray) -> float:
+    """SSIM of an image, or the mean over a clip's frames."""
+    return statistics.mean(ssim(x, y) for x, y in zip(frames(a), frames(b)))
 
 
 def run_tier(stages: dict, params: list[GenerationParams], batch: int) -> tuple[float, list[np.ndarray], list[int]]:
@@ -104,8 +116,10 @@ def main() -> None:
     stages = {stage: family(deployment, stage) for stage in ("text_encoder", "dit", "vae_decode")}
     combos = shapes_dataset.eval_prompts()[:args.prompts]
     d = deployment.defaults
+    clip = {"num_frames": d.num_frames} if deployment.is_video else {}
     base = [check_params(GenerationParams(shapes_dataset.caption(*c), d.negative_prompt, d.height, d.width,
-                                          args.steps or d.num_inference_steps, d.guidance_scale, seed), deployment)
+                                          args.steps or d.num_inference_steps, d.guidance_scale, seed, **clip),
+                         deployment)
             for seed, c in enumerate(combos)]
     run_tier(stages, base[:1], 1)   # warm-up: first-call costs out of the timings
     order = (LOSSLESS, *sorted(tiers, key=tiers.get))
@@ -121,8 +135,9 @@ def main() -> None:
         seconds = statistics.median(run[0] for run in runs[tier])
         _, images, hits = runs[tier][0]
         psnrs = [min(psnr(a, b), 99.0) for a, b in zip(images, reference)]
-        ssims = [ssim(a, b) for a, b in zip(images, reference)]
-        score = shapes_dataset.score(images, combos)
+        ssims = [clip_ssim(a, b) for a, b in zip(images, reference)]
+        per_frame = [(frame, combo) for media, combo in zip(images, combos) for frame in frames(media)]
+        score = shapes_dataset.score([f for f, _ in per_frame], [c for _, c in per_frame])
         # Transformer blocks run / blocks a lossless run needs: machine-independent work left. The
         # front and the back blocks run at every step; the others on the steps that compute.
         work = statistics.mean((steps * (front + back) + (steps - h) * (blocks - front - back)) / (steps * blocks)
