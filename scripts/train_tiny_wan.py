@@ -22,6 +22,11 @@ and last frames; samples go to --report.
 
     python scripts/train_tiny_wan.py --out models/tiny-wan-shapes --report outputs/train-wan   # GPU, ~8 min + eval
     python scripts/train_tiny_wan.py --out /tmp/w --vae-steps 2 --dit-steps 2 --batch 2 --eval-seeds 0  # CPU smoke run
+    python scripts/train_tiny_wan.py --resume models/tiny-wan-shapes --seed 1 --out /tmp/w2  # more transformer steps
+
+A device call lasts at most 10 minutes, so a longer training continues a saved folder:
+`--resume` keeps its VAE (and latent statistics) and trains its transformer and UMT5 further from
+the saved EMA weights with a fresh optimizer (a new `--seed` draws new clips).
 
 Each stage stops at its step count or at its share of --max-minutes, whichever comes first;
 the log names the steps it ran (the same seed and step counts give the same run on CPU).
@@ -68,6 +73,7 @@ class TrainConfig:
 
     out: Path
     report: Path | None
+    resume: Path | None
     seed: int
     device: str
     batch: int
@@ -112,6 +118,12 @@ def build_parts(seed: int, max_sequence_length: int) -> Parts:
         "text_dim": text_encoder.config.d_model,
     })
     return Parts(tokenizer, text_encoder, vae, transformer)
+
+
+def load_parts(folder: Path) -> Parts:
+    """A saved folder's components in float32, to train further (`--resume`)."""
+    pipe = WanPipeline.from_pretrained(folder, torch_dtype=torch.float32)
+    return Parts(pipe.tokenizer, pipe.text_encoder, pipe.vae.eval().requires_grad_(False), pipe.transformer)
 
 
 def train_vae(vae: AutoencoderKLWan, cfg: TrainConfig, device: torch.device, deadline: float,
@@ -257,6 +269,7 @@ def parse_args(argv: list[str] | None) -> TrainConfig:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True, help="diffusers folder to write")
     p.add_argument("--report", type=Path, help="folder for the training summary, scores and sample grids")
+    p.add_argument("--resume", type=Path, help="a folder this script saved: keep its VAE, train the rest further")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--batch", type=int, default=256, help="clips per transformer step")
@@ -278,16 +291,21 @@ def train(cfg: TrainConfig, device: torch.device) -> dict:
     """Both stages, then save; returns what the summary records."""
     start = time.perf_counter()
     generator = torch.Generator().manual_seed(cfg.seed)  # data, noise and timesteps: CPU, device-independent
-    parts = build_parts(cfg.seed, cfg.max_sequence_length)
-    vae_steps = train_vae(parts.vae, cfg, device, start + 60 * cfg.max_minutes * cfg.vae_share, generator)
-    set_latent_statistics(parts.vae, device, generator)
+    if cfg.resume:
+        parts, vae_steps = load_parts(cfg.resume), 0
+        print(f"[train] resuming {cfg.resume}: its VAE kept, transformer and UMT5 trained further", flush=True)
+    else:
+        parts = build_parts(cfg.seed, cfg.max_sequence_length)
+        vae_steps = train_vae(parts.vae, cfg, device, start + 60 * cfg.max_minutes * cfg.vae_share, generator)
+        set_latent_statistics(parts.vae, device, generator)
     dit_steps, ema = train_dit(parts, cfg, device, start + 60 * cfg.max_minutes, generator)
     train_s = time.perf_counter() - start
-    print(f"[train] done: vae {vae_steps} steps, dit {dit_steps} steps, {train_s:.0f}s; reproduce with --seed "
-          f"{cfg.seed} --batch {cfg.batch} --vae-batch {cfg.vae_batch} --vae-steps {vae_steps} --dit-steps {dit_steps}",
-          flush=True)
+    print(f"[train] done: vae {vae_steps} steps, dit {dit_steps} steps, {train_s:.0f}s; reproduce with "
+          f"{f'--resume {cfg.resume} ' if cfg.resume else ''}--seed {cfg.seed} --batch {cfg.batch} "
+          f"--vae-batch {cfg.vae_batch} --vae-steps {vae_steps} --dit-steps {dit_steps}", flush=True)
     save(parts, ema, cfg.out)
-    return {"vae_steps": vae_steps, "dit_steps": dit_steps, "train_seconds": round(train_s, 1),
+    return {"resumed_from": str(cfg.resume) if cfg.resume else None, "vae_steps": vae_steps, "dit_steps": dit_steps,
+            "train_seconds": round(train_s, 1),
             "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
             "size_mib": round(dir_size(cfg.out) / 2**20, 2)}
 

@@ -43,3 +43,11 @@ def test_one_step_run_writes_a_wan_pipeline_diffusers_runs(tmp_path):
     clip = pipe("a red circle on a blue background", height=64, width=64, num_frames=9, num_inference_steps=2,
                 generator=torch.Generator().manual_seed(0), output_type="np").frames[0]
     assert clip.shape == (9, 64, 64, 3) and np.isfinite(clip).all()
+
+    more = tmp_path / "wan-more"   # a second call continues the first: same VAE, the transformer moves on
+    assert train_tiny_wan.main(["--out", str(more), "--resume", str(out), "--seed", "1", "--device", "cpu",
+                                "--dit-steps", "1", "--batch", "2", "--eval-seeds", "0"]) == 0
+    again = WanPipeline.from_pretrained(more, torch_dtype=torch.float32)
+    assert again.vae.config.latents_std == stats
+    assert torch.equal(again.vae.decoder.conv_out.weight, pipe.vae.decoder.conv_out.weight)
+    assert not torch.equal(again.transformer.proj_out.weight, pipe.transformer.proj_out.weight)
