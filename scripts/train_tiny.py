@@ -139,6 +139,28 @@ class Progress:
         self.total, self.count, self.last = 0.0, 0, now
 
 
+class EmaTrainer:
+    """AdamW (200 warm-up steps, gradients clipped at 1) on `trained`, and their exponential
+    moving averages: the copies that get saved. Shared by the tiny PixArt and Wan trainers."""
+
+    def __init__(self, trained: dict[str, torch.nn.Module], lr: float, ema_decay: float) -> None:
+        self.ema = {name: copy.deepcopy(model).eval().requires_grad_(False) for name, model in trained.items()}
+        self.params = [p for model in trained.values() for p in model.parameters()]
+        self.ema_params = [p for model in self.ema.values() for p in model.parameters()]
+        self.optimizer = torch.optim.AdamW(self.params, lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
+        self.warmup = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: min(1.0, (step + 1) / 200))
+        self.ema_decay = ema_decay
+
+    def step(self, loss: torch.Tensor, step: int) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.params, 1.0)
+        self.optimizer.step()
+        self.warmup.step()
+        with torch.no_grad():
+            torch._foreach_lerp_(self.ema_params, self.params, 1.0 - min(self.ema_decay, (1 + step) / (10 + step)))
+
+
 def autocast(device: torch.device):
     return torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
 
@@ -205,11 +227,7 @@ def train_dit(parts: Parts, cfg: TrainConfig, device: torch.device, deadline: fl
     """Epsilon-prediction DDPM loss on the frozen VAE's latents, transformer and T5 trained
     together; returns the steps run and the EMA copies of both."""
     trained = {"transformer": parts.transformer.train().to(device), "text_encoder": parts.text_encoder.train().to(device)}
-    ema = {name: copy.deepcopy(model).eval().requires_grad_(False) for name, model in trained.items()}
-    params = [p for model in trained.values() for p in model.parameters()]
-    ema_params = [p for model in ema.values() for p in model.parameters()]
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
-    warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 200))
+    trainer = EmaTrainer(trained, cfg.lr, cfg.ema_decay)
     noise_schedule = DDPMScheduler(**{k: PIXART_SIGMA_SCHEDULER_CONFIG[k] for k in
                                       ("num_train_timesteps", "beta_start", "beta_end", "beta_schedule")})
     captions = CaptionTable(parts.tokenizer, shapes.TRAIN_COMBOS, device)
@@ -232,15 +250,9 @@ def train_dit(parts: Parts, cfg: TrainConfig, device: torch.device, deadline: fl
             out = trained["transformer"](noisy, encoder_hidden_states=embeds, encoder_attention_mask=mask,
                                          timestep=timesteps, added_cond_kwargs=NO_CONDITIONS).sample
         loss = F.mse_loss(out[:, :latent_channels].float(), noise)  # the learned-sigma half is unused at inference
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        warmup.step()
-        with torch.no_grad():
-            torch._foreach_lerp_(ema_params, params, 1.0 - min(cfg.ema_decay, (1 + step) / (10 + step)))
+        trainer.step(loss, step)
         progress.update(step, loss.detach())
-    return step, ema
+    return step, trainer.ema
 
 
 def save(parts: Parts, ema: dict[str, torch.nn.Module], out: Path) -> None:

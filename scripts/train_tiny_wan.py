@@ -38,7 +38,6 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import argparse
-import copy
 import json
 import sys
 import time
@@ -62,7 +61,7 @@ from build_tiny_pipelines import (  # noqa: E402
     tiny_t5_encoder,
     tiny_t5_tokenizer,
 )
-from train_tiny import CaptionTable, Progress, autocast  # noqa: E402
+from train_tiny import CaptionTable, EmaTrainer, Progress, autocast  # noqa: E402
 
 FRAMES = 9  # 1 + 4 x 2: three latent frames
 
@@ -186,11 +185,7 @@ def train_dit(parts: Parts, cfg: TrainConfig, device: torch.device, deadline: fl
     """Flow-matching loss on the frozen VAE's latents, transformer and UMT5 trained together;
     returns the steps run and the EMA copies of both."""
     trained = {"transformer": parts.transformer.train().to(device), "text_encoder": parts.text_encoder.train().to(device)}
-    ema = {name: copy.deepcopy(model).eval().requires_grad_(False) for name, model in trained.items()}
-    params = [p for model in trained.values() for p in model.parameters()]
-    ema_params = [p for model in ema.values() for p in model.parameters()]
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
-    warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 200))
+    trainer = EmaTrainer(trained, cfg.lr, cfg.ema_decay)
     shift = WAN_T2V_SCHEDULER_CONFIG["flow_shift"]
     captions = CaptionTable(parts.tokenizer, shapes.TRAIN_COMBOS, device)
     vae = parts.vae.to(device)
@@ -211,15 +206,9 @@ def train_dit(parts: Parts, cfg: TrainConfig, device: torch.device, deadline: fl
             velocity = trained["transformer"](noisy, timestep=sigma * 1000, encoder_hidden_states=embeds,
                                               return_dict=False)[0]
         loss = F.mse_loss(velocity.float(), noise - clean)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        warmup.step()
-        with torch.no_grad():
-            torch._foreach_lerp_(ema_params, params, 1.0 - min(cfg.ema_decay, (1 + step) / (10 + step)))
+        trainer.step(loss, step)
         progress.update(step, loss.detach())
-    return step, ema
+    return step, trainer.ema
 
 
 def save(parts: Parts, ema: dict[str, torch.nn.Module], out: Path) -> None:
