@@ -160,18 +160,18 @@ class _CachedBlocks(torch.nn.Module):
 
     def __init__(self, blocks: torch.nn.ModuleList, caches: list[RowCache | None], front: int = 1, back: int = 0):
         super().__init__()
-        object.__setattr__(self, "blocks", blocks)   # not registered: the transformer keeps owning them
+        object.__setattr__(self, "blocks", list(blocks))   # not registered: the transformer keeps owning them
         self.caches, self.front, self.back = caches, front, back
         self.first_in: torch.Tensor | None = None
 
     def __iter__(self) -> Iterator[Callable]:
         yield self._first
         yield self._rest
-        yield from back_of(list(self.blocks), self.back)
+        yield from back_of(self.blocks, self.back)
 
     def _first(self, hidden: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         self.first_in = hidden
-        for block in front_of(list(self.blocks), self.front):
+        for block in front_of(self.blocks, self.front):
             hidden = block(hidden, *args, **kwargs)
         return hidden
 
@@ -183,7 +183,7 @@ class _CachedBlocks(torch.nn.Module):
             if index is not None:
                 a = tuple(_rows(v, index, total) for v in args)
                 k = {name: _rows(v, index, total) for name, v in kwargs.items()}
-            for block in middle(list(self.blocks), self.front, self.back):
+            for block in middle(self.blocks, self.front, self.back):
                 states = block(states, *a, **k)
             return states
 
