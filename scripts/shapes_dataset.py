@@ -100,18 +100,25 @@ def draw(shape: torch.Tensor, colour: torch.Tensor, background: torch.Tensor, ce
     return background.view(-1, 3, 1, 1) * (1 - coverage) + colour.view(-1, 3, 1, 1) * coverage
 
 
-def sample(combos: list[tuple[str, str, str]] | tuple[tuple[str, str, str], ...], batch: int,
-           generator: torch.Generator, device: torch.device | str = "cpu") -> ShapeBatch:
-    """A random batch over `combos`: combination, position and size drawn from `generator` (CPU)."""
+def _pick(combos: list[tuple[str, str, str]] | tuple[tuple[str, str, str], ...], batch: int,
+          generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """Per row, drawn from `generator` (CPU): the combination's index, the shape, the shape's and
+    the background's RGB in [0, 1], and the radius."""
     palette = torch.tensor([PALETTE[c] for c in COLOURS], dtype=torch.float32) / 255
     table = torch.tensor([[COLOURS.index(c), SHAPES.index(s), COLOURS.index(b)] for c, s, b in combos])
     index = torch.randint(len(combos), (batch,), generator=generator)
     colour, shape, background = table[index].unbind(1)
     radius = MIN_RADIUS + (MAX_RADIUS - MIN_RADIUS) * torch.rand(batch, generator=generator)
+    return index, shape, palette[colour], palette[background], radius
+
+
+def sample(combos: list[tuple[str, str, str]] | tuple[tuple[str, str, str], ...], batch: int,
+           generator: torch.Generator, device: torch.device | str = "cpu") -> ShapeBatch:
+    """A random batch over `combos`: combination, position and size drawn from `generator` (CPU)."""
+    index, shape, colour, background, radius = _pick(combos, batch, generator)
     low, span = radius + MARGIN, SIZE - 2 * (radius + MARGIN)
     centre = low.unsqueeze(1) + span.unsqueeze(1) * torch.rand(batch, 2, generator=generator)
-    images = draw(shape.to(device), palette[colour].to(device), palette[background].to(device), centre.to(device),
-                  radius.to(device))
+    images = draw(shape.to(device), colour.to(device), background.to(device), centre.to(device), radius.to(device))
     return ShapeBatch(images * 2 - 1, index.to(device))
 
 
@@ -119,18 +126,13 @@ def sample_video(combos: list[tuple[str, str, str]] | tuple[tuple[str, str, str]
                  generator: torch.Generator, device: torch.device | str = "cpu") -> ShapeBatch:
     """A random batch of clips, images [B, 3, frames, SIZE, SIZE]: as `sample`, with the shape
     gliding in a straight line from one random position to another (both fully in frame)."""
-    palette = torch.tensor([PALETTE[c] for c in COLOURS], dtype=torch.float32) / 255
-    table = torch.tensor([[COLOURS.index(c), SHAPES.index(s), COLOURS.index(b)] for c, s, b in combos])
-    index = torch.randint(len(combos), (batch,), generator=generator)
-    colour, shape, background = table[index].unbind(1)
-    radius = MIN_RADIUS + (MAX_RADIUS - MIN_RADIUS) * torch.rand(batch, generator=generator)
+    index, shape, colour, background, radius = _pick(combos, batch, generator)
     low, span = (radius + MARGIN).view(batch, 1, 1), (SIZE - 2 * (radius + MARGIN)).view(batch, 1, 1)
     ends = low + span * torch.rand(batch, 2, 2, generator=generator)   # [B, start/end, x/y]
     t = torch.linspace(0, 1, frames).view(1, frames, 1)
     centre = ends[:, :1] + (ends[:, 1:] - ends[:, :1]) * t              # [B, frames, 2]
     repeat = lambda v: v.repeat_interleave(frames, dim=0).to(device)  # noqa: E731  one row per frame
-    images = draw(repeat(shape), repeat(palette[colour]), repeat(palette[background]),
-                  centre.reshape(-1, 2).to(device), repeat(radius))
+    images = draw(repeat(shape), repeat(colour), repeat(background), centre.reshape(-1, 2).to(device), repeat(radius))
     clips = images.view(batch, frames, 3, SIZE, SIZE).transpose(1, 2)
     return ShapeBatch(clips * 2 - 1, index.to(device))
 

@@ -37,6 +37,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -165,16 +166,17 @@ def autocast(device: torch.device):
     return torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
 
 
-def train_vae(vae: AutoencoderKL, cfg: TrainConfig, device: torch.device, deadline: float,
-              generator: torch.Generator) -> int:
-    """Reconstruction (MSE + L1) with a light KL term; returns the steps run."""
+def train_vae(vae: torch.nn.Module, steps: int, draw: Callable[[], torch.Tensor], device: torch.device,
+              deadline: float) -> int:
+    """Reconstruction (MSE + L1) with a light KL term on the batches `draw` gives (pictures, or
+    clips for the tiny Wan's VAE); returns the steps run."""
     vae.train().to(device)
     optimizer = torch.optim.AdamW(vae.parameters(), lr=1e-3, weight_decay=0.0)
-    progress = Progress("vae", cfg.vae_steps)
+    progress = Progress("vae", steps)
     step = 0
-    while step < cfg.vae_steps and time.perf_counter() < deadline:
+    while step < steps and time.perf_counter() < deadline:
         step += 1
-        images = shapes.sample(shapes.TRAIN_COMBOS, cfg.batch, generator, device).images
+        images = draw()
         with autocast(device):
             posterior = vae.encode(images).latent_dist
             recon = vae.decode(posterior.sample()).sample
@@ -332,7 +334,9 @@ def train(cfg: TrainConfig, device: torch.device) -> dict:
     start = time.perf_counter()
     generator = torch.Generator().manual_seed(cfg.seed)  # data, noise and timesteps: CPU, device-independent
     parts = build_parts(cfg.seed)
-    vae_steps = train_vae(parts.vae, cfg, device, start + 60 * cfg.max_minutes * cfg.vae_share, generator)
+    vae_steps = train_vae(parts.vae, cfg.vae_steps,
+                          lambda: shapes.sample(shapes.TRAIN_COMBOS, cfg.batch, generator, device).images, device,
+                          start + 60 * cfg.max_minutes * cfg.vae_share)
     set_latent_scale(parts.vae, cfg, device, generator)
     dit_steps, ema = train_dit(parts, cfg, device, start + 60 * cfg.max_minutes, generator)
     train_s = time.perf_counter() - start
@@ -345,8 +349,9 @@ def train(cfg: TrainConfig, device: torch.device) -> dict:
             "size_mib": round(dir_size(cfg.out) / 2**20, 2)}
 
 
-def main(argv: list[str] | None = None) -> int:
-    cfg = parse_args(argv)
+def run(cfg, train: Callable[[Any, torch.device], dict], evaluate: Callable[[Any, torch.device], dict]) -> int:
+    """Train (unless --evaluate-only), evaluate into --report and write its summary: the command
+    of both tiny trainers, each with its own config, training and evaluation."""
     device = torch.device(cfg.device)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     print(f"[train] {cfg}", flush=True)
@@ -357,10 +362,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     cfg.report.mkdir(parents=True, exist_ok=True)
     if cfg.eval_seeds:
-        summary["eval"] = evaluate(cfg.out, cfg.report, device, cfg.eval_seeds)
+        summary["eval"] = evaluate(cfg, device)
     name = "eval.json" if cfg.evaluate_only else "summary.json"
     (cfg.report / name).write_text(json.dumps(summary, indent=1))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(parse_args(argv), train, lambda cfg, device: evaluate(cfg.out, cfg.report, device, cfg.eval_seeds))
 
 
 if __name__ == "__main__":

@@ -61,7 +61,7 @@ from build_tiny_pipelines import (  # noqa: E402
     tiny_t5_encoder,
     tiny_t5_tokenizer,
 )
-from train_tiny import CaptionTable, EmaTrainer, Progress, autocast  # noqa: E402
+from train_tiny import CaptionTable, EmaTrainer, Progress, autocast, run, train_vae  # noqa: E402
 
 FRAMES = 9  # 1 + 4 x 2: three latent frames
 
@@ -123,30 +123,6 @@ def load_parts(folder: Path) -> Parts:
     """A saved folder's components in float32, to train further (`--resume`)."""
     pipe = WanPipeline.from_pretrained(folder, torch_dtype=torch.float32)
     return Parts(pipe.tokenizer, pipe.text_encoder, pipe.vae.eval().requires_grad_(False), pipe.transformer)
-
-
-def train_vae(vae: AutoencoderKLWan, cfg: TrainConfig, device: torch.device, deadline: float,
-              generator: torch.Generator) -> int:
-    """Reconstruction (MSE + L1) with a light KL term on clips; returns the steps run."""
-    vae.train().to(device)
-    optimizer = torch.optim.AdamW(vae.parameters(), lr=1e-3, weight_decay=0.0)
-    progress = Progress("vae", cfg.vae_steps)
-    step = 0
-    while step < cfg.vae_steps and time.perf_counter() < deadline:
-        step += 1
-        clips = shapes.sample_video(shapes.TRAIN_COMBOS, cfg.vae_batch, FRAMES, generator, device).images
-        with autocast(device):
-            posterior = vae.encode(clips).latent_dist
-            recon = vae.decode(posterior.sample()).sample
-        recon = recon.float()
-        loss = F.mse_loss(recon, clips) + 0.1 * F.l1_loss(recon, clips) + 1e-7 * posterior.kl().mean()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
-        optimizer.step()
-        progress.update(step, loss.detach())
-    vae.eval().requires_grad_(False)
-    return step
 
 
 @torch.no_grad()
@@ -285,7 +261,9 @@ def train(cfg: TrainConfig, device: torch.device) -> dict:
         print(f"[train] resuming {cfg.resume}: its VAE kept, transformer and UMT5 trained further", flush=True)
     else:
         parts = build_parts(cfg.seed, cfg.max_sequence_length)
-        vae_steps = train_vae(parts.vae, cfg, device, start + 60 * cfg.max_minutes * cfg.vae_share, generator)
+        vae_steps = train_vae(parts.vae, cfg.vae_steps,
+                              lambda: shapes.sample_video(shapes.TRAIN_COMBOS, cfg.vae_batch, FRAMES, generator, device).images,
+                              device, start + 60 * cfg.max_minutes * cfg.vae_share)
         set_latent_statistics(parts.vae, device, generator)
     dit_steps, ema = train_dit(parts, cfg, device, start + 60 * cfg.max_minutes, generator)
     train_s = time.perf_counter() - start
@@ -300,21 +278,8 @@ def train(cfg: TrainConfig, device: torch.device) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg = parse_args(argv)
-    device = torch.device(cfg.device)
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    print(f"[train] {cfg}", flush=True)
-    summary = {"config": {k: str(v) for k, v in asdict(cfg).items()}}
-    if not cfg.evaluate_only:
-        summary |= train(cfg, device)
-    if cfg.report is None:
-        return 0
-    cfg.report.mkdir(parents=True, exist_ok=True)
-    if cfg.eval_seeds:
-        summary["eval"] = evaluate(cfg.out, cfg.report, device, cfg.eval_seeds, cfg.max_sequence_length)
-    name = "eval.json" if cfg.evaluate_only else "summary.json"
-    (cfg.report / name).write_text(json.dumps(summary, indent=1))
-    return 0
+    return run(parse_args(argv), train,
+               lambda cfg, device: evaluate(cfg.out, cfg.report, device, cfg.eval_seeds, cfg.max_sequence_length))
 
 
 if __name__ == "__main__":
