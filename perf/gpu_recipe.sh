@@ -155,7 +155,10 @@ remaining() { echo $(( DEADLINE_S - ($(date +%s) - START_EPOCH) )); }
 
 # run_timed NAME MIN_S FUNCTION: skip when fewer than MIN_S seconds remain; otherwise run the
 # stage function in a child bash under `timeout` (SIGINT to its process group first, so
-# Python's finally blocks stop servers and write their files).
+# Python's finally blocks stop servers and write their files). SIGINT comes STOP_GRACE_S before
+# the deadline: an interrupted tritonserver with 37 stubs took up to 40 s to stop, and a SIGKILL
+# before that loses every file of the stage (session 25's mixed ladder, call 3).
+STOP_GRACE_S="${RECIPE_STOP_GRACE_S:-60}"
 run_timed() {
     local name=$1 min_s=$2 fn=$3
     local left; left=$(remaining)
@@ -166,7 +169,8 @@ run_timed() {
     fi
     log "BEGIN $name (${left}s left)"
     local t0=$(date +%s) rc
-    timeout --signal=INT --kill-after=20 "$(( left - 5 ))" bash -o pipefail -c "$fn"
+    local soft=$(( left - 5 - STOP_GRACE_S )); (( soft < 1 )) && soft=1
+    timeout --signal=INT --kill-after="$STOP_GRACE_S" "$soft" bash -o pipefail -c "$fn"
     rc=$?
     local dt=$(( $(date +%s) - t0 ))
     if (( rc == 0 )); then RESULTS+=("$name: ok (${dt}s)"); log "END $name: ok in ${dt}s"

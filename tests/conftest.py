@@ -24,6 +24,8 @@ TINY_WAN_I2V = ROOT / "models" / "tiny-wan-i2v"
 I2V_DEPLOYMENT = ROOT / "configs" / "tiny-wan-i2v.toml"
 TINY_SHAPES = ROOT / "models" / "tiny-pixart-shapes"  # trained, committed (docs/tiny-model.md)
 SHAPES_DEPLOYMENT = ROOT / "configs" / "tiny-pixart-shapes.toml"
+TINY_WAN_SHAPES = ROOT / "models" / "tiny-wan-shapes"  # trained, committed (docs/tiny-model.md)
+WAN_SHAPES_DEPLOYMENT = ROOT / "configs" / "tiny-wan-shapes.toml"
 TINY_FLUX = ROOT / "models" / "tiny-flux"
 FLUX_DEPLOYMENT = ROOT / "configs" / "tiny-flux.toml"
 TINY_SD3 = ROOT / "models" / "tiny-sd3"
@@ -137,6 +139,8 @@ wan22_server = shared_server(WAN22_DEPLOYMENT, TINY_WAN22, "Tiny Wan2.2 A14B, tw
 qwen_server = shared_server(QWEN_DEPLOYMENT, TINY_QWEN, "Tiny Qwen-Image (txt2img / txt2img_stream).")
 shapes_server = shared_server(SHAPES_DEPLOYMENT, TINY_SHAPES,
                               "The trained tiny PixArt-Sigma with cache tiers (scripts/web.sh serves it).")
+wan_shapes_server = shared_server(WAN_SHAPES_DEPLOYMENT, TINY_WAN_SHAPES,
+                                  "The trained tiny Wan2.1 T2V (gliding shapes) with cache tiers.")
 
 
 @pytest.fixture(scope="session")
@@ -165,6 +169,14 @@ def diffusers_wan():
     from diffusers import WanPipeline
 
     return WanPipeline.from_pretrained(str(TINY_WAN))
+
+
+@pytest.fixture(scope="session")
+def diffusers_wan_shapes():
+    """The oracle for wan_shapes_server: plain diffusers WanPipeline on the trained weights."""
+    from diffusers import WanPipeline
+
+    return WanPipeline.from_pretrained(str(TINY_WAN_SHAPES))
 
 
 def diffusers_video(pipe, prompt: str, seed: int, steps: int, guidance: float, num_frames: int, height: int = 64,
