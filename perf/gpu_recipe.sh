@@ -30,6 +30,10 @@
 #             measured on the first mode's server (SCHED_SAT_S, 30 s; SCHED_SAT_RPS=R gives it instead,
 #             e.g. 1.1968 replays the 1024px traces of 2026-12-03), one trace per fraction, one
 #             server per mode; e.g. SCHED_LOADS=0.5,0.8,0.95 SCHED_SIZES=1024 SCHED_STEPS=20 SCHED_GUIDANCE=4.5;
+#             The mixed trace saturates request batching at ~1.15 req/s (session 25: SCHED_SAT_RPS=1.55
+#             overloaded every rung), and both modes at three loads of 30 requests do not fit one call:
+#             run one or two loads per call (SCHED_LOADS=0.5,0.8 then 0.95; each call is its own matched
+#             control) and SCHED_SOLO_REPEATS=1 (the SLO's solo latency: 11 shapes x 3 runs per server).
 #             SCHED_ACCEL="text_encoder=compile vae_decode=compile" serves both modes with those [accel] keys
 #             (eager otherwise; the compile cache in /tmp makes the second server's load warm).
 #             A cold compile cache does not fit a ladder with transformer=cuda_graphs in one 600 s
@@ -122,7 +126,7 @@
 # SOAK_DEPLOYMENT (perf/deployments/pixart-sigma-soak-h200.toml), SOAK_ARGS (extra soak.py args),
 # CONTROL_RATE (0.6 req/s), CONTROL_N (24), CONTROL_ARGS (extra args),
 # SCHED_MODES, SCHED_CAPACITY, SCHED_RATE (1.0 req/s), SCHED_N (40), SCHED_SIZES, SCHED_STEPS, SCHED_GUIDANCE,
-# SCHED_LOADS, SCHED_SAT_S, SCHED_SAT_RPS, SCHED_ACCEL, SCHED_SERVER_TIMEOUT (300 s) (scheduler stage),
+# SCHED_LOADS, SCHED_SAT_S, SCHED_SAT_RPS, SCHED_ACCEL, SCHED_SERVER_TIMEOUT (300 s), SCHED_SOLO_REPEATS (3) (scheduler stage),
 # VIDEO_STEPS (2), VIDEO_REPS (3), VIDEO_TEXT_ENCODER_LAYERS (24 = real),
 # I2V_STEPS (2), I2V_REPS (1), I2V_TRANSPORTS (grpc,system), I2V_TEXT_ENCODER_LAYERS (24 = real),
 # I2V_TRANSFORMER_LAYERS (40 = real; fewer cut only the transformer's depth: per-step time
@@ -606,7 +610,8 @@ stage_scheduler() {
     "$PY" perf/matched_control.py --deployment "$DEPLOYMENT" --modes "$modes" --compare "${modes##*,}" \
         --capacity "${SCHED_CAPACITY:-16}" "${load[@]}" "${accel[@]}" --num-requests "${SCHED_N:-40}" \
         --sizes "${SCHED_SIZES:-512,768,1024}" --steps "${SCHED_STEPS:-4,30}" --guidance "${SCHED_GUIDANCE:-1.0,4.5}" \
-        --seed 22 --server-timeout "${SCHED_SERVER_TIMEOUT:-300}" --keep-workdir --out-dir "$ctrl"
+        --seed 22 --server-timeout "${SCHED_SERVER_TIMEOUT:-300}" --solo-repeats "${SCHED_SOLO_REPEATS:-3}" \
+        --keep-workdir --out-dir "$ctrl"
     local rc=$? logs
     # Every mode's server log (the scheduler's curves, stage timings, any stack dump) comes back too.
     logs=$(ls -t "${TMPDIR:-/tmp}"/matched_control.*/server-*.log 2>/dev/null | head -"$(tr ',' '\n' <<<"$modes" | wc -l)")
