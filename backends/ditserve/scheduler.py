@@ -15,10 +15,10 @@ request's step time to the sum of all groups' forwards (the H200 mixed trace of 
 requests per forward, p99 1.36x request batching; perf/results/2026-12-02-h200-scheduler.md).
 
 - Within a group, order: requests in dit for longer than `max_slowdown` x their estimated time
-  alone (their steps x the group's forward of one: the stretch bound) first, oldest first; then
-  fewest remaining steps first (SRPT, which lowers mean latency), ties by arrival. Oldest-first
-  among overdue requests turns a backlog into arrival order (what request batching does), not
-  into processor sharing, which a consecutive-round aging bound (the previous rule) made of it
+  alone (their steps x the group's forward of one: the stretch bound) first, the most stretched
+  (time in dit over time alone) first; then fewest remaining steps first (SRPT, which lowers mean
+  latency), ties by arrival. Among equal requests the most stretched is the oldest, so a backlog
+  turns into arrival order (what request batching does), not into processor sharing, which a consecutive-round aging bound (the previous rule) made of it
   in simulation. On the H200 at 1024px neither rule reached request batching's median
   (perf/results/2026-12-02-h200-scheduler-ladder.md).
 - Within a group, size: step the first k of that order, where k minimises the estimated sum
@@ -30,7 +30,10 @@ requests per forward, p99 1.36x request batching; perf/results/2026-12-02-h200-s
   throughput it adds pays for the slowdown of the rows already running, or the load needs that
   throughput; under a backlog the floor keeps the scheduler from trading much throughput for
   latency.
-- Across groups: one group steps: the one holding the oldest overdue request if any, else the
+  Between a short and a long request late by the same seconds the short one is the more
+  stretched and goes first (oldest-first left 4-step requests at 20-39x their time alone behind
+  30-step ones on the H200 mixed trace; perf/results/2026-12-03-h200-scheduler-s26.md).
+- Across groups: one group steps: the one holding the most stretched overdue request if any, else the
   one whose head finishes soonest when it runs alone (its fewest remaining steps x the
   estimated forward of its chosen k: SRPT between groups). Every group not measured yet also
   steps (once, so measured; it never starves). With one group this is the within-group rule.
@@ -296,16 +299,20 @@ class CostPolicy:
             need[group] = rate / (self.target_utilisation * free) if free > 0 else float("inf")
         return need
 
+    def stretch(self, c: Candidate, model: CostModel) -> float:
+        """Time in dit over its estimated time alone (0 for a group not measured yet)."""
+        alone = model.estimate(c.group, 1)
+        return c.waited / (c.total * alone) if alone else 0.0
+
     def overdue(self, c: Candidate, model: CostModel) -> bool:
         """In dit for longer than `max_slowdown` x its estimated time alone (the stretch bound)."""
-        alone = model.estimate(c.group, 1)
-        return alone is not None and c.waited > self.max_slowdown * c.total * alone
+        return self.stretch(c, model) > self.max_slowdown
 
     def order(self, candidates: list[Candidate], model: CostModel) -> list[Candidate]:
-        """Overdue requests first, oldest first; then fewest remaining steps, ties by arrival."""
+        """Overdue requests first, the most stretched first; then fewest remaining steps, ties by arrival."""
         def rank(c: Candidate) -> tuple:
             if self.overdue(c, model):
-                return (0, -c.waited, 0, c.key)
+                return (0, -self.stretch(c, model), 0, c.key)
             return (1, c.remaining, -c.waited, c.key)
         return sorted(candidates, key=rank)
 
@@ -345,7 +352,7 @@ class CostPolicy:
             if cost(1) is None:
                 chosen.update(c.key for c in members)     # unmeasured: step all once, which measures it
                 continue
-            late = [-c.waited for c in members if self.overdue(c, model)]
+            late = [-self.stretch(c, model) for c in members if self.overdue(c, model)]
             urgency[group] = ((0, min(late)) if late else
                               (1, min(c.remaining for c in members) * cost(len(plans[group])),
                                -max(c.waited for c in members)))
