@@ -185,3 +185,11 @@ def score(images: list[np.ndarray], asked: list[tuple[str, str, str]]) -> Score:
     colours = sum(m.colour == c and m.background == b for m, (c, _, b) in zip(measured, asked))
     shapes = sum(m.shape == s for m, (_, s, _) in zip(measured, asked))
     return Score(colours / len(asked), shapes / len(asked), len(asked))
+
+
+def score_with_held_out(pictures: dict[tuple[str, str, str], np.ndarray]) -> tuple[Score, Score]:
+    """Scores of every picture (one per asked combination) and of the `HELD_OUT` combinations' alone:
+    the second says whether the model composes colours and shapes it never saw together."""
+    held_out = [combo for combo in pictures if combo in HELD_OUT]
+    return (score(list(pictures.values()), list(pictures)),
+            score([pictures[combo] for combo in held_out], held_out))

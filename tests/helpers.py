@@ -1,4 +1,4 @@
-"""Test helpers: streaming calls with timestamps, Prometheus scraping."""
+"""Test helpers: the parity check, streaming calls with timestamps, Prometheus scraping."""
 from __future__ import annotations
 
 import queue
@@ -7,9 +7,22 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 
+import numpy as np
 import tritonclient.grpc as grpcclient
 
 from ditserve.client import MEDIA_OUTPUT, GenerationRequest
+
+# Served media against plain diffusers (or solo against batched) at the same seed: both run the same
+# kernels, but a batch's row order and padding may move the last float bit before the uint8 cast.
+TOLERANCE = 1   # max |served - expected| in uint8 levels
+
+
+def assert_matches(served: np.ndarray, expected: np.ndarray, tolerance: int = TOLERANCE) -> None:
+    """uint8 media of one shape, equal within `tolerance` levels everywhere."""
+    assert served.dtype == np.uint8 and served.shape == expected.shape, \
+        f"served {served.dtype} {served.shape}, expected {expected.dtype} {expected.shape}"
+    diff = np.abs(served.astype(int) - expected.astype(int))
+    assert diff.max() <= tolerance, f"max diff {diff.max()}, mean {diff.mean():.5f}"
 
 
 def grpc_inputs(request: GenerationRequest) -> list:

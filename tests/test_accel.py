@@ -18,9 +18,8 @@ from conftest import ROOT, TINY_PIXART, diffusers_image, rendered_server, serve
 from ditserve.accel import TransformerRunner, pad_rows
 from ditserve.client import DitClient, GenerationRequest
 from ditserve.deployment import AccelSection, load_deployment, parse_accel_overrides, write_variant
-from helpers import StreamCall, run_staggered, scrape, wait_for_metric
+from helpers import StreamCall, assert_matches, run_staggered, scrape, wait_for_metric
 from test_step_batching import assert_each_streamed_and_matches
-from test_txt2img import assert_matches
 
 BASE = ROOT / "configs" / "tiny-pixart-sigma.toml"
 # attention = "cudnn" too: on CPU cuDNN cannot take the call and torch falls through to its CPU

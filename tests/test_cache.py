@@ -22,8 +22,8 @@ from ditserve.cache import RowCache, apply_first_block_cache, relative_change
 from ditserve.client import DitClient, GenerationRequest
 from ditserve.deployment import load_deployment, write_variant
 from ditserve.schema import InvalidRequest, decode_request
-from helpers import StreamCall, cancel_mid_denoise, histogram_above, run_staggered, scrape, wait_for_metric
-from test_txt2img import assert_matches
+from helpers import (StreamCall, assert_matches, cancel_mid_denoise, histogram_above, run_staggered, scrape,
+                     wait_for_metric)
 
 SHAPES = ROOT / "configs" / "tiny-pixart-shapes.toml"
 PROMPT, STEPS = "a red circle on a blue background", 12

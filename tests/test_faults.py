@@ -20,9 +20,8 @@ from ditserve.client import DitClient, GenerationRequest
 from ditserve.deployment import load_deployment
 from ditserve.faults import FaultInjector, FaultRule, InjectedFault, Subject, parse_rules
 from ditserve.handoff import default_root as handoff_root
-from helpers import StreamCall, grpc_inputs, scrape, wait_for_metric
+from helpers import StreamCall, assert_matches, grpc_inputs, scrape, wait_for_metric
 from test_modes import write_deployment
-from test_txt2img import assert_matches
 
 # dit faults fire at step 2 or 3: a request joining a running batch takes its first step alone
 # (Triton dispatches it before the peer's rescheduled request is back), so a step-1 fault

@@ -18,8 +18,7 @@ from conftest import ROOT, SHAPES_DEPLOYMENT, TINY_SHAPES, diffusers_image, rend
 from ditserve.client import DitClient, GenerationRequest
 from ditserve.deployment import write_variant
 from ditserve.fp8 import Float8Linear, apply_fp8, eligible
-from helpers import run_staggered
-from test_txt2img import assert_matches
+from helpers import assert_matches, run_staggered
 
 sys.path[:0] = [str(ROOT / "scripts"), str(ROOT / "perf")]
 import shapes_dataset as shapes  # noqa: E402

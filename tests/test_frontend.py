@@ -35,8 +35,7 @@ from frontend.launcher import FrontendProcess
 from frontend.media import MediaStore
 from frontend.requests import choose_model
 from frontend.videos import VIDEO_TASKS
-from helpers import assert_cancelled_on_server, scrape, settled_scrape, wait_for_metric
-from test_txt2img import assert_matches
+from helpers import assert_cancelled_on_server, assert_matches, scrape, settled_scrape, wait_for_metric
 
 # The SDK warns that OpenAI's own video models are retired; this server is not OpenAI's.
 pytestmark = pytest.mark.filterwarnings("ignore:The Sora API:DeprecationWarning")

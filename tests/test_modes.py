@@ -9,8 +9,7 @@ import pytest
 
 from conftest import ROOT, diffusers_image, render_repository, serve, start_server
 from ditserve.client import GenerationRequest
-from helpers import StreamCall, scrape
-from test_txt2img import assert_matches
+from helpers import StreamCall, assert_matches, scrape
 
 MODES = [("serial", 1), ("request_batch", 4), ("step", 1)]
 

@@ -1,7 +1,7 @@
 """QwenImageAdapter on the tiny Qwen-Image pipeline against plain diffusers QwenImagePipeline
 (no server), with our guidance_scale as its true_cfg_scale.
 
-Tolerance: 1 uint8 level (wan_helpers.TOLERANCE). The pipeline encodes the prompt and the
+Tolerance: 1 uint8 level (helpers.TOLERANCE). The pipeline encodes the prompt and the
 negative prompt apart, each as long as it is; we encode them in one batch padded to
 max_sequence_length and mask the padding out of the attention, and run [negative, prompt] as
 one forward. The masked padding and other row counts can move a last float bit.
@@ -17,7 +17,8 @@ from ditserve.adapters.qwen_image import pack_tokens
 from ditserve.schema import GenerationParams
 from mmdit_helpers import QWEN_DEPLOYMENT as DEP
 from mmdit_helpers import diffusers_qwen_image
-from wan_helpers import assert_close, encode, oracle, run_engine, run_steps, stage_adapters
+from helpers import assert_matches
+from wan_helpers import encode, oracle, run_engine, run_steps, stage_adapters
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +57,7 @@ def test_texts_are_padded_to_max_sequence_length_with_their_padding_masked(stage
 def test_generation_matches_diffusers(stages, pipe, p):
     state = stages["dit"].prepare("solo", p, encode(stages, p))
     assert state.latents.shape == (1, 16, p.height // 8, p.width // 8)
-    assert_close(run_steps(stages, [state], [0])[0], expected(pipe, p))
+    assert_matches(run_steps(stages, [state], [0])[0], expected(pipe, p))
 
 
 def test_requests_batched_at_different_steps_match_diffusers(stages, pipe):
@@ -67,7 +68,7 @@ def test_requests_batched_at_different_steps_match_diffusers(stages, pipe):
     media, sizes = run_engine(stages, requests, {"a": 0, "b": 2, "c": 1, "d": 1}, lambda p: encode(stages, p))
     assert max(sizes) == 2
     for key, p in requests.items():
-        assert_close(media[key], expected(pipe, p))
+        assert_matches(media[key], expected(pipe, p))
 
 
 def test_final_latents_match_diffusers_to_float_precision(stages, pipe):

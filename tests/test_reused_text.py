@@ -63,7 +63,7 @@ def test_served_requests_reuse_the_default_negative_and_match_diffusers(server, 
     that row from its load-time encoding (one reused row per request, counted); a request with its
     own negative prompt reuses nothing. Both images equal diffusers'."""
     from conftest import diffusers_image
-    from test_txt2img import assert_matches
+    from helpers import assert_matches
 
     def reused_rows() -> float:
         return scrape(server.metrics_url).get(("ditserve_text_rows_reused_total", "text_encoder"), 0.0)

@@ -1,7 +1,7 @@
 """SD3Adapter on the tiny Stable Diffusion 3.5 pipeline against plain diffusers
 StableDiffusion3Pipeline (no server).
 
-Tolerance: 1 uint8 level (wan_helpers.TOLERANCE): with CFG the adapter runs [negative, prompt]
+Tolerance: 1 uint8 level (helpers.TOLERANCE): with CFG the adapter runs [negative, prompt]
 as one 2-row forward where diffusers does too, but it encodes both texts in one batch and
 batches requests together; CPU kernels over other row counts can move a last float bit.
 """
@@ -18,7 +18,8 @@ from diffusers import StableDiffusion3Pipeline
 from ditserve.schema import GenerationParams
 from mmdit_helpers import SD3_DEPLOYMENT as DEP
 from mmdit_helpers import diffusers_sd3_image
-from wan_helpers import assert_close, encode, oracle, run_engine, run_steps, stage_adapters
+from helpers import assert_matches
+from wan_helpers import encode, oracle, run_engine, run_steps, stage_adapters
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +49,7 @@ def test_generation_matches_diffusers(stages, pipe, p):
     rows = 2 if p.do_cfg else 1
     assert state.cond.embeds.shape[:2] == (rows, 77 + DEP.model.max_sequence_length)  # CLIP tokens, then T5
     assert tuple(state.cond.extra["pooled_embeds"].shape) == (rows, 32)  # CLIP-L + CLIP-G pooled, per row
-    assert_close(run_steps(stages, [state], [0])[0], expected(pipe, p))
+    assert_matches(run_steps(stages, [state], [0])[0], expected(pipe, p))
 
 
 def test_requests_batched_at_different_steps_match_diffusers(stages, pipe):
@@ -59,7 +60,7 @@ def test_requests_batched_at_different_steps_match_diffusers(stages, pipe):
     media, sizes = run_engine(stages, requests, {"a": 0, "b": 2, "c": 1}, lambda p: encode(stages, p))
     assert max(sizes) == 2
     for key, p in requests.items():
-        assert_close(media[key], expected(pipe, p))
+        assert_matches(media[key], expected(pipe, p))
 
 
 @pytest.mark.parametrize("limits, words", [

@@ -15,8 +15,7 @@ from tritonclient.utils import InferenceServerException
 
 from conftest import diffusers_image
 from ditserve.client import DitClient, GenerationRequest
-from helpers import StreamCall, histogram_above, run_staggered, scrape, wait_for_metric
-from test_txt2img import assert_matches
+from helpers import StreamCall, assert_matches, histogram_above, run_staggered, scrape, wait_for_metric
 
 STREAM = "txt2img_stream"
 

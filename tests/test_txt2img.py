@@ -20,14 +20,8 @@ from tritonclient.utils import InferenceServerException
 
 from conftest import ROOT, diffusers_image
 from ditserve.client import DitClient, GenerationRequest
+from helpers import assert_matches
 
-TOLERANCE = 1
-
-
-def assert_matches(served: np.ndarray, expected: np.ndarray) -> None:
-    assert served.dtype == np.uint8 and served.shape == expected.shape
-    diff = np.abs(served.astype(int) - expected.astype(int))
-    assert diff.max() <= TOLERANCE, f"max diff {diff.max()}, mean {diff.mean():.4f}"
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc", "grpc-stream"])

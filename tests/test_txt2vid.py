@@ -18,17 +18,10 @@ from tritonclient.utils import InferenceServerException
 from conftest import diffusers_video
 from ditserve.client import DitClient, GenerationRequest
 from ditserve.media import decode_mp4
-from helpers import cancel_mid_denoise, grpc_inputs, run_staggered_batched, scrape
+from helpers import assert_matches, cancel_mid_denoise, grpc_inputs, run_staggered_batched, scrape
 
-TOLERANCE = 1
 LUMA_TOLERANCE = 4.0   # mean |luma| levels after an MP4 round trip (measured 2.8 on the tiny model)
 STREAM = "txt2vid_stream"
-
-
-def assert_matches(served: np.ndarray, expected: np.ndarray) -> None:
-    assert served.dtype == np.uint8 and served.shape == expected.shape
-    diff = np.abs(served.astype(int) - expected.astype(int))
-    assert diff.max() <= TOLERANCE, f"max diff {diff.max()}, mean {diff.mean():.4f}"
 
 
 def video(prompt: str, **kwargs) -> GenerationRequest:

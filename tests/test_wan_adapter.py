@@ -22,7 +22,8 @@ from diffusers import WanPipeline
 from ditserve.deployment import load_deployment
 from ditserve.schema import GenerationParams
 from ditserve.state import RequestState, TextConditioning
-from wan_helpers import assert_close, oracle, run_steps, stage_adapters, video_params
+from helpers import assert_matches
+from wan_helpers import oracle, run_steps, stage_adapters, video_params
 
 DEP = load_deployment("configs/tiny-wan-t2v.toml")
 
@@ -64,7 +65,7 @@ def _diffusers(pipe, params: GenerationParams) -> np.ndarray:
 def test_generation_matches_diffusers(stages, pipe, params):
     ours = run_steps(stages, [_admit(stages, "solo", params)], [0])[0]
     assert ours.shape == (params.num_frames, params.height, params.width, 3)  # [F, H, W, C]
-    assert_close(ours, _diffusers(pipe, params))
+    assert_matches(ours, _diffusers(pipe, params))
 
 
 def test_requests_batched_at_different_timesteps_equal_their_solo_runs(stages):
@@ -73,7 +74,7 @@ def test_requests_batched_at_different_timesteps_equal_their_solo_runs(stages):
     # b joins 3 steps late: from then on every denoise is one forward over both requests' rows.
     batched = run_steps(stages, [_admit(stages, "a", a), _admit(stages, "b", b)], [0, 3])
     for ours, expected in zip(batched, solo):
-        assert_close(ours, expected)
+        assert_matches(ours, expected)
 
 
 def test_shapes_come_from_the_model_even_without_the_vae(stages):

@@ -6,8 +6,7 @@ import re
 
 from conftest import diffusers_image
 from ditserve.client import DitClient, GenerationRequest
-from helpers import scrape
-from test_txt2img import assert_matches
+from helpers import assert_matches, scrape
 
 READY = "Started GRPCInferenceService"
 
