@@ -68,7 +68,7 @@ NO_CONDITIONS = {"resolution": None, "aspect_ratio": None}
 
 @dataclass
 class TrainConfig:
-    """The command line, as the summary records it."""
+    """The command line, as the summary records it (the options both trainers share)."""
 
     out: Path
     report: Path | None
@@ -310,23 +310,38 @@ def evaluate(out: Path, report: Path, device: torch.device, seeds: int) -> dict:
     return results
 
 
-def parse_args(argv: list[str] | None) -> TrainConfig:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def trainer_arguments(doc: str, *, batch: int, vae_steps: int, dit_steps: int, max_minutes: float,
+                      vae_share: float, eval_seeds: int, batch_help: str = "pictures per step",
+                      eval_help: str = "") -> argparse.ArgumentParser:
+    """The options both trainers take (TrainConfig's fields), with each trainer's defaults."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True, help="diffusers folder to write")
     p.add_argument("--report", type=Path, help="folder for the training summary, scores and sample grids")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--batch", type=int, default=1024)
-    p.add_argument("--vae-steps", type=int, default=767)
-    p.add_argument("--dit-steps", type=int, default=4179)
-    p.add_argument("--max-minutes", type=float, default=8.5,
-                   help="wall-clock cap for both stages (the default leaves the step counts binding on an H200)")
-    p.add_argument("--vae-share", type=float, default=0.2, help="fraction of --max-minutes for the VAE")
+    p.add_argument("--batch", type=int, default=batch, help=batch_help)
+    p.add_argument("--vae-steps", type=int, default=vae_steps)
+    p.add_argument("--dit-steps", type=int, default=dit_steps)
+    p.add_argument("--max-minutes", type=float, default=max_minutes,
+                   help="wall-clock cap for both stages; whichever of it and the step counts comes first")
+    p.add_argument("--vae-share", type=float, default=vae_share, help="fraction of --max-minutes for the VAE")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--ema-decay", type=float, default=0.999)
-    p.add_argument("--eval-seeds", type=int, default=2, help="seeds per evaluation prompt (0: no evaluation; 2 keeps training + evaluation inside one 10-minute device call)")
+    p.add_argument("--eval-seeds", type=int, default=eval_seeds,
+                   help="seeds per evaluation prompt (0: no evaluation)" + eval_help)
     p.add_argument("--evaluate-only", action="store_true", help="skip training: evaluate the folder at --out")
-    return TrainConfig(**{k.replace("-", "_"): v for k, v in vars(p.parse_args(argv)).items()})
+    return p
+
+
+def parsed(config: type, parser: argparse.ArgumentParser, argv: list[str] | None):
+    """`config` (a TrainConfig) built from the parsed command line."""
+    return config(**{k.replace("-", "_"): v for k, v in vars(parser.parse_args(argv)).items()})
+
+
+def parse_args(argv: list[str] | None) -> TrainConfig:
+    parser = trainer_arguments(__doc__, batch=1024, vae_steps=767, dit_steps=4179, max_minutes=8.5, vae_share=0.2,
+                               eval_seeds=2, eval_help="; 2 keeps training + evaluation inside one 10-minute device call")
+    return parsed(TrainConfig, parser, argv)
 
 
 def train(cfg: TrainConfig, device: torch.device) -> dict:

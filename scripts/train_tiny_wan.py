@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Train a tiny Wan2.1 text-to-video model on clips of gliding coloured shapes.
 
-The cache tiers (docs/cache.md) are calibrated per family on trained weights; the tiny
-PixArt-Sigma (scripts/train_tiny.py) is the only trained model here, so Wan's thresholds are
-uncalibrated. This trains the same diffusers classes as Wan-AI/Wan2.1-T2V-1.3B-Diffusers on
+The cache tiers (docs/cache.md) are calibrated per family on trained weights (random weights give
+no real trajectory); this is Wan's trained model, as scripts/train_tiny.py is PixArt-Sigma's
+(models/tiny-wan-shapes, docs/tiny-model.md). It trains the same diffusers classes as Wan-AI/Wan2.1-T2V-1.3B-Diffusers on
 scripts/shapes_dataset.sample_video (9 frames of 64x64: one shape of one colour gliding in a
 straight line over a flat background, captioned as the pictures are):
 
@@ -37,7 +37,6 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import argparse
 import json
 import sys
 import time
@@ -61,31 +60,19 @@ from build_tiny_pipelines import (  # noqa: E402
     tiny_t5_encoder,
     tiny_t5_tokenizer,
 )
-from train_tiny import CaptionTable, EmaTrainer, Progress, autocast, run, train_vae  # noqa: E402
+from train_tiny import (CaptionTable, EmaTrainer, Progress, TrainConfig, autocast, parsed, run,  # noqa: E402
+                        train_vae, trainer_arguments)
 
 FRAMES = 9  # 1 + 4 x 2: three latent frames
 
 
 @dataclass
-class TrainConfig:
-    """The command line, as the summary records it."""
+class WanTrainConfig(TrainConfig):
+    """The command line, as the summary records it: the shared options and Wan's own."""
 
-    out: Path
-    report: Path | None
     resume: Path | None
-    seed: int
-    device: str
-    batch: int
     vae_batch: int
-    vae_steps: int
-    dit_steps: int
-    max_minutes: float
-    vae_share: float  # of max_minutes, for stage 1
-    lr: float
-    ema_decay: float
     max_sequence_length: int
-    eval_seeds: int
-    evaluate_only: bool
 
 
 @dataclass
@@ -156,7 +143,7 @@ def padded_embeddings(text_encoder: UMT5EncoderModel, ids: torch.Tensor, mask: t
     return F.pad(embeds, (0, 0, 0, length - embeds.shape[1]))
 
 
-def train_dit(parts: Parts, cfg: TrainConfig, device: torch.device, deadline: float,
+def train_dit(parts: Parts, cfg: WanTrainConfig, device: torch.device, deadline: float,
               generator: torch.Generator) -> tuple[int, dict[str, torch.nn.Module]]:
     """Flow-matching loss on the frozen VAE's latents, transformer and UMT5 trained together;
     returns the steps run and the EMA copies of both."""
@@ -230,29 +217,16 @@ def evaluate(out: Path, report: Path, device: torch.device, seeds: int, max_sequ
     return results
 
 
-def parse_args(argv: list[str] | None) -> TrainConfig:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, required=True, help="diffusers folder to write")
-    p.add_argument("--report", type=Path, help="folder for the training summary, scores and sample grids")
+def parse_args(argv: list[str] | None) -> WanTrainConfig:
+    p = trainer_arguments(__doc__, batch=256, vae_steps=1500, dit_steps=6000, max_minutes=8.0, vae_share=0.3,
+                          eval_seeds=1, batch_help="clips per transformer step")
     p.add_argument("--resume", type=Path, help="a folder this script saved: keep its VAE, train the rest further")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--batch", type=int, default=256, help="clips per transformer step")
     p.add_argument("--vae-batch", type=int, default=64, help="clips per VAE step")
-    p.add_argument("--vae-steps", type=int, default=1500)
-    p.add_argument("--dit-steps", type=int, default=6000)
-    p.add_argument("--max-minutes", type=float, default=8.0,
-                   help="wall-clock cap for both stages; whichever of it and the step counts comes first")
-    p.add_argument("--vae-share", type=float, default=0.3, help="fraction of --max-minutes for the VAE")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--ema-decay", type=float, default=0.999)
     p.add_argument("--max-sequence-length", type=int, default=512, help="text tokens the transformer sees (the deployment's)")
-    p.add_argument("--eval-seeds", type=int, default=1, help="seeds per evaluation prompt (0: no evaluation)")
-    p.add_argument("--evaluate-only", action="store_true", help="skip training: evaluate the folder at --out")
-    return TrainConfig(**{k.replace("-", "_"): v for k, v in vars(p.parse_args(argv)).items()})
+    return parsed(WanTrainConfig, p, argv)
 
 
-def train(cfg: TrainConfig, device: torch.device) -> dict:
+def train(cfg: WanTrainConfig, device: torch.device) -> dict:
     """Both stages, then save; returns what the summary records."""
     start = time.perf_counter()
     generator = torch.Generator().manual_seed(cfg.seed)  # data, noise and timesteps: CPU, device-independent
