@@ -721,6 +721,25 @@ if ctrl:
 EOF
 }
 
+# The device image's scipy and scikit-learn are built for numpy 2, and transformers imports
+# scikit-learn when it finds it (diffusers -> peft -> transformers.generation): under the numpy 1.26
+# that the Python backend needs, diffusers then fails to import. scripts/slim_gpu_bundle.sh makes
+# .gpu/env.sh hide them; a .gpu built without that step (session 26, call 1: a device call lost)
+# gets the same .pth line here, before any stage.
+check_imports() {
+    local probe="from diffusers import AutoencoderKL, PixArtSigmaPipeline"
+    "$PY" -c "$probe" 2>/dev/null && return 0
+    local site; site=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    if [[ "$site" == /tmp/gpu/venv/* && ! -f "$site/00_numpy2_only_absent.pth" ]]; then
+        echo 'import sys; sys.modules.update(dict.fromkeys(("scipy", "sklearn")))' > "$site/00_numpy2_only_absent.pth"
+        log "diffusers did not import: hid the image's numpy 2-only scipy / scikit-learn in $site (next time run bash scripts/slim_gpu_bundle.sh after building .gpu)"
+        "$PY" -c "$probe" && return 0
+    fi
+    log "diffusers does not import in $(command -v "$PY"): $("$PY" -c "$probe" 2>&1 | tail -1)"
+    log "on the dev machine: bash ../shared/tools/make_gpu_bundle.sh && bash scripts/slim_gpu_bundle.sh, then carry .gpu and source .gpu/env.sh"
+    return 1
+}
+
 main() {
     local stages=("$@")
     (( ${#stages[@]} )) || stages=(all)
@@ -739,6 +758,7 @@ main() {
     export -f log remaining model_ready stage_env stage_build stage_baseline stage_smoke stage_control stage_scheduler collect_control \
         stage_matrix build_wan_t2v stage_sweeps stage_soak stage_video stage_i2v accel_row in_flight stage_accel family_row stage_family run_rows stage_probe stage_cache cache_row
     log "stages: ${expanded[*]} (deadline ${DEADLINE_S}s)"
+    check_imports || { RESULTS+=("imports: FAILED (diffusers)"); write_summary; return 1; }
     for s in "${expanded[@]}"; do
         case "$s" in
             env) run_timed env 10 stage_env || { log "env check failed: stopping (torch/CUDA/diffusers/transformers)"; break; } ;;
