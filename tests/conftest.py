@@ -131,6 +131,9 @@ def pytest_runtest_teardown(item, nextitem):
 
 
 server = shared_server(None, TINY_PIXART, "The default deployment, as committed in model_repository/.")
+soak_server = shared_server(None, TINY_PIXART, "The default deployment on a server of its own, for tests/test_soak.py: "
+                            "its client cancels can crash Triton 2.51 (docs/reliability.md, Soak), which must not "
+                            "take the session's other tests down with it.")
 wan_server = shared_server(WAN_DEPLOYMENT, TINY_WAN, "Tiny Wan2.1 T2V (txt2vid / txt2vid_stream).")
 i2v_server = shared_server(I2V_DEPLOYMENT, TINY_WAN_I2V, "Tiny Wan2.1 I2V (img2vid / img2vid_stream, vae_encode).")
 flux_server = shared_server(FLUX_DEPLOYMENT, TINY_FLUX, "Tiny FLUX.1 (txt2img / txt2img_stream).")

@@ -1,4 +1,4 @@
-"""Bounded soak (< 90 s) against the session server: concurrent streams and unary calls with
+"""Bounded soak (< 90 s) against a server of its own (`soak_server`): concurrent streams and unary calls with
 ~5 % client cancellations and ~2 % bad requests.
 
 Every request must get exactly one terminal outcome on the client (image, error, or the
@@ -166,27 +166,27 @@ def _worker(url: str, seed: int, deadline: float, ledger: Ledger) -> None:
             ledger.problem(f"{rid}: client failed: {type(exc).__name__}: {exc}")
 
 
-def test_soak_every_request_ends_once_and_nothing_leaks(server):
-    before = scrape(server.metrics_url)
-    samples = [sample(server)]
+def test_soak_every_request_ends_once_and_nothing_leaks(soak_server):
+    before = scrape(soak_server.metrics_url)
+    samples = [sample(soak_server)]
     ledger = Ledger()
     deadline = time.monotonic() + DURATION_S
-    threads = [threading.Thread(target=_worker, args=(server.grpc_url, i, deadline, ledger), daemon=True)
+    threads = [threading.Thread(target=_worker, args=(soak_server.grpc_url, i, deadline, ledger), daemon=True)
                for i in range(WORKERS)]
     for thread in threads:
         thread.start()
     not_ready = 0
-    with grpcclient.InferenceServerClient(server.grpc_url) as health:
+    with grpcclient.InferenceServerClient(soak_server.grpc_url) as health:
         while any(t.is_alive() for t in threads):
             time.sleep(2)
-            samples.append(sample(server))
+            samples.append(sample(soak_server))
             not_ready += not health.is_server_ready()
     for thread in threads:
         thread.join(150)
-    assert wait_for_metric(server.metrics_url, "ditserve_state_table_size", "dit", 0.0) == 0.0, "state leaked"
+    assert wait_for_metric(soak_server.metrics_url, "ditserve_state_table_size", "dit", 0.0) == 0.0, "state leaked"
     time.sleep(1)
-    samples.append(sample(server))
-    after = scrape(server.metrics_url)
+    samples.append(sample(soak_server))
+    after = scrape(soak_server.metrics_url)
 
     outcomes = Counter(tuple(v) for v in ledger.terminals.values())
     kinds = Counter(ledger.kinds.values())
