@@ -3,9 +3,10 @@
 
 The cache tiers (docs/cache.md) are calibrated per family on trained weights (random weights give
 no real trajectory); this is Wan's trained model, as scripts/train_tiny.py is PixArt-Sigma's
-(models/tiny-wan-shapes, docs/tiny-model.md). It trains the same diffusers classes as Wan-AI/Wan2.1-T2V-1.3B-Diffusers on
-scripts/shapes_dataset.sample_video (9 frames of 64x64: one shape of one colour gliding in a
-straight line over a flat background, captioned as the pictures are):
+(models/tiny-wan-shapes, docs/tiny-model.md). It trains the same diffusers classes as
+Wan-AI/Wan2.1-T2V-1.3B-Diffusers on scripts/shapes_dataset.sample_video (9 frames of 64x64: one
+shape of one colour gliding in a straight line over a flat background, captioned as the pictures
+are):
 
   1. an AutoencoderKLWan (8x spatial, 4x temporal: 9x64x64 -> 3x8x8x16) on reconstruction,
      then frozen, its per-channel `latents_mean` / `latents_std` set from the data, as the

@@ -2,7 +2,7 @@
 
 The conditioning image goes through `vae_encode` (CLIP image embeddings + first-frame VAE
 condition), then `dit` steps it like any video request. Parity with plain diffusers
-`WanImageToVideoPipeline` at the same seed: TOLERANCE uint8 levels (why: test_wan_adapter.py).
+`WanImageToVideoPipeline` at the same seed: helpers.TOLERANCE uint8 levels (why: test_wan_adapter.py).
 """
 from __future__ import annotations
 

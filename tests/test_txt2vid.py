@@ -1,7 +1,7 @@
 """txt2vid / txt2vid_stream (tiny Wan2.1 T2V) on a real tritonserver, through the real tritonclient.
 
 Parity tolerance: served frames equal plain diffusers `WanPipeline` at the same seed within
-TOLERANCE uint8 levels. Both run the same fp32 CPU kernels; we run [negative, prompt] as one
+helpers.TOLERANCE uint8 levels. Both run the same fp32 CPU kernels; we run [negative, prompt] as one
 transformer batch where diffusers runs two forwards, which can move a last float bit and so
 cross a rounding boundary.
 """

@@ -2,15 +2,16 @@
 the asked colours in their first and last frames, and serving it equals plain diffusers.
 
 Quality: every prompt of shapes_dataset.eval_prompts() (15 training combinations and the 9
-held-out ones) at the deployment's defaults (9x64x64, 10 steps, guidance 3), one fixed seed
-each, scored per frame by shapes_dataset.measure (border colour = background, the colour at the
-shape's centre of mass = the shape's). Measured here on CPU: colours right 20/24 in the first
-frame (held-out 8/9), 22/24 in the last (held-out 7/9). The bars sit below that, so that a changed
-kernel does not flip them, and far above chance (1 in 56 for both colours: 8 colours, the shape unlike its background). Which shape is drawn is not asserted: the weights draw the
-asked one about half the time (docs/tiny-model.md), not far enough above chance (a third) to
-tell a regression from noise on 24 clips.
+held-out ones) at the deployment's defaults (9x64x64, 10 steps, guidance 3), one fixed seed each,
+scored per frame by shapes_dataset.measure (border colour = background, the colour at the shape's
+centre of mass = the shape's). Measured here on CPU: colours right 20/24 in the first frame
+(held-out 8/9), 22/24 in the last (held-out 7/9). The bars sit below that, so that a changed
+kernel does not flip them, and far above chance (1 in 56 for both colours: 8 colours, the shape
+unlike its background). Which shape is drawn is not asserted: the weights draw the asked one about
+half the time (docs/tiny-model.md), not far enough above chance (a third) to tell a regression
+from noise on 24 clips.
 
-Parity tolerance as in tests/test_txt2vid.py: max |served - diffusers| <= 1 uint8 level.
+Parity tolerance: helpers.assert_matches (max |served - diffusers| <= 1 uint8 level).
 """
 from __future__ import annotations
 

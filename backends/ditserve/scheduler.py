@@ -18,8 +18,12 @@ requests per forward, p99 1.36x request batching; perf/results/2026-12-02-h200-s
   alone (their steps x the group's forward of one: the stretch bound) first, the most stretched
   (time in dit over time alone) first; then fewest remaining steps first (SRPT, which lowers mean
   latency), ties by arrival. Among equal requests the most stretched is the oldest, so a backlog
-  turns into arrival order (what request batching does), not into processor sharing, which a consecutive-round aging bound (the previous rule) made of it
-  in simulation. On the H200 at 1024px neither rule reached request batching's median
+  turns into arrival order (what request batching does), not into processor sharing, which a
+  consecutive-round aging bound (the previous rule) made of it in simulation. Between a short
+  and a long request late by the same seconds the short one is the more stretched and goes first
+  (oldest-first left 4-step requests at 20-39x their time alone behind 30-step ones on the H200
+  mixed trace; perf/results/2026-12-03-h200-scheduler-s26.md). On the H200 at 1024px neither
+  the aging bound nor the stretch bound reached request batching's median
   (perf/results/2026-12-02-h200-scheduler-ladder.md).
 - Within a group, size: step the first k of that order, where k minimises the estimated sum
   of completion times of the group's requests in SRPT order (a fluid replay of the group with
@@ -30,11 +34,8 @@ requests per forward, p99 1.36x request batching; perf/results/2026-12-02-h200-s
   throughput it adds pays for the slowdown of the rows already running, or the load needs that
   throughput; under a backlog the floor keeps the scheduler from trading much throughput for
   latency.
-  Between a short and a long request late by the same seconds the short one is the more
-  stretched and goes first (oldest-first left 4-step requests at 20-39x their time alone behind
-  30-step ones on the H200 mixed trace; perf/results/2026-12-03-h200-scheduler-s26.md).
-- Across groups: one group steps: the one holding the most stretched overdue request if any, else the
-  one whose head finishes soonest when it runs alone (its fewest remaining steps x the
+- Across groups: one group steps: the one holding the most stretched overdue request if any, else
+  the one whose head finishes soonest when it runs alone (its fewest remaining steps x the
   estimated forward of its chosen k: SRPT between groups). Every group not measured yet also
   steps (once, so measured; it never starves). With one group this is the within-group rule.
 - First steps: a request not stepped yet takes its first step in this execute, in its group's
