@@ -38,6 +38,10 @@ def test_watched_call_fails_when_the_called_stub_dies_and_passes_items_through(t
     script.write_text("import time\ntime.sleep(60)\n")
     fake = subprocess.Popen([sys.executable, str(script)])
     try:
+        exec_deadline = time.monotonic() + 10   # until it has exec'd, its cmdline is still pytest's
+        while str(script).encode() not in Path(f"/proc/{fake.pid}/cmdline").read_bytes():
+            assert time.monotonic() < exec_deadline, "the fake stub did not start"
+            time.sleep(0.01)
         watch = StubWatch(server=os.getpid())
         assert stub_pids("dit", os.getpid()) == {fake.pid} and stub_pids("vae_decode", os.getpid()) == set()
         assert list(watch.call("dit", lambda: range(3), probe_s=0.1)) == [0, 1, 2]
