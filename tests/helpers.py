@@ -145,7 +145,7 @@ def wait_for_metric(metrics_url: str, name: str, model: str, expected: float, ti
 def cancel_mid_denoise(server, request: GenerationRequest, task: str, after_steps: int = 3) -> None:
     """Stream `request`, cancel it after `after_steps` progress responses, and check the
     contract: one cancelled count on `<task>_stream`, the state table back to 0, no decode."""
-    before = scrape(server.metrics_url)
+    before = settled_scrape(server.metrics_url)
     call = StreamCall(server.grpc_url, request, task=task).start()
     call.wait_progress(after_steps)
     call.cancel()

@@ -15,7 +15,8 @@ from tritonclient.utils import InferenceServerException
 
 from conftest import diffusers_image
 from ditserve.client import DitClient, GenerationRequest
-from helpers import StreamCall, assert_matches, histogram_above, run_staggered, scrape, wait_for_metric
+from helpers import (StreamCall, assert_matches, histogram_above, run_staggered, scrape, settled_scrape,
+                     wait_for_metric)
 
 STREAM = "txt2img_stream"
 
@@ -114,7 +115,7 @@ def test_cancel_at_each_point_frees_state_and_never_decodes(server, cancel_after
     or reach us already cancelled (+1); once it has stepped, our model must end it (+1).
     """
     name = "ditserve_requests_cancelled_total"
-    before = scrape(server.metrics_url)
+    before = settled_scrape(server.metrics_url)   # the previous test's last decode is counted by now
     call = StreamCall(server.grpc_url, GenerationRequest("doomed", seed=5, num_inference_steps=60, height=128, width=128)).start()
     if cancel_after_steps:
         call.wait_progress(cancel_after_steps)
@@ -152,24 +153,29 @@ def test_cancel_while_queued_before_admission_leaves_peers_intact(server):
 
     Triton may drop it from its queue itself (our model never sees it) or hand it over
     already cancelled; either way it ends once, never decodes, and the peers are unharmed.
+    Once in CI (2 cores), Triton 2.51 lost the cancel and handed the request over with
+    `is_cancelled()` false all along: it then runs to its image, which the closed stream
+    never receives (docs/reliability.md). It still ends once and decodes once.
     """
     capacity = 4
+    before = settled_scrape(server.metrics_url)   # the previous test's last decode is counted by now
     runner_requests = [GenerationRequest(f"runner {i}", seed=i, num_inference_steps=60, height=128, width=128)
                        for i in range(capacity)]
     runners = [StreamCall(server.grpc_url, request).start() for request in runner_requests]
     for runner in runners:
         runner.wait_progress(1)
-    before = scrape(server.metrics_url)
     queued = StreamCall(server.grpc_url, GenerationRequest("queued", seed=9, num_inference_steps=5)).start()
     time.sleep(0.3)
     queued.cancel()
     images = [runner.finish()[1] for runner in runners]
     _state_table_empties(server)
-    after = scrape(server.metrics_url)
+    after = settled_scrape(server.metrics_url, quiet_s=1.0)   # a handed-over queued request has ended by now
     delta = lambda name, model=STREAM: after.get((name, model), 0) - before.get((name, model), 0)  # noqa: E731
-    assert delta("ditserve_requests_completed_total") == capacity
-    assert delta("ditserve_requests_cancelled_total") in (0, 1)
-    assert delta("nv_inference_count", "vae_decode") == capacity, "only the peers were decoded"
+    queued_completed = delta("ditserve_requests_completed_total") - capacity
+    assert queued_completed in (0, 1), "every peer completed, and the queued request at most once"
+    assert queued_completed + delta("ditserve_requests_cancelled_total") in (0, 1), "the queued request ended once"
+    assert delta("ditserve_requests_failed_total") == 0
+    assert delta("nv_inference_count", "vae_decode") == capacity + queued_completed, "a cancelled request never decodes"
     with DitClient(server.grpc_url, "grpc") as client:
         for request, image in zip(runner_requests, images):   # peers match their solo runs
             assert_matches(image, client.generate(request).media)
