@@ -20,7 +20,7 @@ from ditserve.client import DitClient, GenerationRequest
 from ditserve.deployment import load_deployment
 from ditserve.faults import FaultInjector, FaultRule, InjectedFault, Subject, parse_rules
 from ditserve.handoff import default_root as handoff_root
-from helpers import StreamCall, assert_matches, grpc_inputs, scrape, wait_for_metric
+from helpers import StreamCall, assert_matches, grpc_inputs, scrape, settled_scrape, wait_for_metric
 from test_modes import write_deployment
 
 # dit faults fire at step 2 or 3: a request joining a running batch takes its first step alone
@@ -264,7 +264,7 @@ def _run_fault_case(server, peer_reference, prompt, height, protocol, timeout_us
 
 
 def test_no_decode_runs_for_a_request_that_failed_in_dit(fault_server):
-    before = scrape(fault_server.metrics_url)
+    before = settled_scrape(fault_server.metrics_url)   # the previous test's decodes are counted by now
     kind, _ = _unary_outcome(fault_server, GenerationRequest("#sched-nan x", seed=1, num_inference_steps=3), None)
     assert kind == "error"
     after = scrape(fault_server.metrics_url)
