@@ -48,3 +48,22 @@ def test_mixed_requests_all_finish_exactly_under_the_cost_scheduler(cost_server,
         "one forward row per request per step: waiting rounds neither lose nor repeat a step"
     assert delta("ditserve_scheduler_waits_total") > 0, "with no batching gain, the scheduler held some back"
     assert after.get(("ditserve_state_table_size", "dit")) == 0
+
+
+def test_generations_passed_over_wait_inside_the_execute(cost_server, diffusers_pixart):
+    """Two shapes (two forwards that cannot share a batch) with no batching gain: `cost` steps one
+    of them per round. The one passed over stays in dit's execute, so a round costs no trip
+    through Triton's sequence batcher (`[engine] steps_per_execute`, 8): fewer executes than
+    forwards, and both still get every step's progress and diffusers' image."""
+    requests = [GenerationRequest("a red cat", seed=1, num_inference_steps=20),
+                GenerationRequest("a blue bird", seed=2, num_inference_steps=20, height=96, width=64)]
+    before = scrape(cost_server.metrics_url)
+    calls = [StreamCall(cost_server.grpc_url, r).start() for r in requests]
+    results = [call.finish() for call in calls]
+    after = scrape(cost_server.metrics_url)
+
+    assert_each_streamed_and_matches(requests, results, diffusers_pixart)
+    delta = lambda name: after.get((name, "dit"), 0) - before.get((name, "dit"), 0)  # noqa: E731
+    forwards, executes = delta("ditserve_step_batch_size_count"), delta("nv_inference_exec_count")
+    assert delta("ditserve_scheduler_waits_total") > 0, "one shape waited while the other stepped"
+    assert executes * 2 <= forwards, f"{executes:.0f} dit executes for {forwards:.0f} forwards"

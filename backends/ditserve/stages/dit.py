@@ -6,9 +6,9 @@ that is ready for its next step: new ones and rescheduled ones. In `step` mode e
 the step whose NaN/inf check just passed (mostly read one step late, so the GPU does not
 wait on us; engine.py), finishes the ones that are done (final response with CPU latents) and
 reschedules the rest, so requests join and leave at step boundaries. While nothing would
-change the batch (no generation done, failed, cancelled or waiting to join) it runs the next
-step in the same execute, up to `[engine] steps_per_execute`, instead of a round trip
-through Triton.
+change the generations it holds (none done, failed, cancelled or waiting to join) it runs the
+next step, the scheduler's pick among them, in the same execute, up to `[engine]
+steps_per_execute`, instead of a round trip through Triton.
 `serial` / `request_batch` modes run the batch start to end in one `execute` instead:
 they are the controls that step batching is measured against.
 
@@ -153,16 +153,18 @@ class DitStage:
 
     def _step_burst(self, active: list) -> None:
         """Step mode: one denoise step for the scheduler's pick, repeated (up to `[engine]
-        steps_per_execute`) while the next execute would hold the same batch: each step that
-        stays here saves the round trip through Triton's sequence batcher."""
+        steps_per_execute`) while the next execute would hold the same generations: each step
+        that stays here saves the round trip through Triton's sequence batcher. The scheduler
+        picks again before every step, from all of them, as it would in the next execute; the
+        ones it passes over wait here instead of in Triton's queue."""
         for _ in range(self.deployment.engine.steps_per_execute):
-            # The scheduler picks who steps; the rest keep their state and are rescheduled unstepped.
+            # The scheduler picks who steps; the rest keep their state and stay unstepped.
             chosen = self.scheduler.select([self.engine.table[key] for key, _ in active])
             if len(chosen) < len(active):
                 self.metrics.scheduler_waits.increment(len(active) - len(chosen))
             self._step([(k, r) for k, r in active if k in chosen])
             going_on = [(k, r) for k, r in active if k in self.engine and not self._ended_by_client(r, k)]
-            if len(chosen) < len(active) or len(going_on) < len(active) or self._others_waiting(len(active)):
+            if len(going_on) < len(active) or self._others_waiting(len(active)):
                 return
             active = going_on
 
