@@ -9,7 +9,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]   # the repository (this file sits in perf/results/<run>/)
 sys.path[:0] = [str(ROOT / "backends"), str(ROOT / "perf"), str(ROOT / "scripts")]
-import torch  # noqa: E402
 from ditserve import cache as C  # noqa: E402
 
 MODE = os.environ.get("FC_MODE", "fa")
