@@ -155,7 +155,8 @@ def test_cancel_while_queued_before_admission_leaves_peers_intact(server):
     already cancelled; either way it ends once, never decodes, and the peers are unharmed.
     Once in CI (2 cores), Triton 2.51 lost the cancel and handed the request over with
     `is_cancelled()` false all along: it then runs to its image, which the closed stream
-    never receives (docs/reliability.md). It still ends once and decodes once.
+    never receives (docs/reliability.md), or sees the cancel only after its decode. It still
+    ends once and decodes at most once.
     """
     capacity = 4
     before = settled_scrape(server.metrics_url)   # the previous test's last decode is counted by now
@@ -175,7 +176,10 @@ def test_cancel_while_queued_before_admission_leaves_peers_intact(server):
     assert queued_completed in (0, 1), "every peer completed, and the queued request at most once"
     assert queued_completed + delta("ditserve_requests_cancelled_total") in (0, 1), "the queued request ended once"
     assert delta("ditserve_requests_failed_total") == 0
-    assert delta("nv_inference_count", "vae_decode") == capacity + queued_completed, "a cancelled request never decodes"
+    # Triton 2.51 may also show the cancel only once the handed-over request has decoded (seen in a
+    # fresh clone, 2026-12-04): it then ends cancelled after one decode. Never more than one.
+    queued_ran = delta("nv_inference_count", "vae_decode") - capacity
+    assert queued_ran in (0, 1) and queued_ran >= queued_completed, "the queued request decoded at most once"
     with DitClient(server.grpc_url, "grpc") as client:
         for request, image in zip(runner_requests, images):   # peers match their solo runs
             assert_matches(image, client.generate(request).media)
