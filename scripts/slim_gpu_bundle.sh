@@ -9,6 +9,10 @@
 # and since 2026-12-02 the image's transformers imports scikit-learn when it finds it (diffusers ->
 # peft -> transformers.generation), which fails under the numpy 1.26 the Python backend needs.
 # A .pth line sets sys.modules[name] = None: find_spec then answers None and import raises ImportError.
+# Since 2026-12-04 the tracked tree (31 MB) plus .gpu (51 MB built, 38 MB after the above) went over
+# the limit again, so it also drops numpy's own tests, strips the debug symbols of rapidjson's .so
+# and of tritonserver's executable and library (strip --strip-unneeded; the stripped server ran the
+# H200 scheduler ladder that day), and packs both archives with xz -9: .gpu comes to ~34 MB.
 #
 #   bash scripts/slim_gpu_bundle.sh          (from the checkout root, after make_gpu_bundle.sh)
 set -euo pipefail
@@ -26,8 +30,16 @@ for wheel in $G/whl/*.whl; do
     echo "slim_gpu_bundle: unpacking $(basename "$wheel")"
     python3 -m zipfile -e "$wheel" "$site"
 done
-echo "slim_gpu_bundle: packing $(du -sh "$site" | cut -f1) into $G/site.txz (xz, ~30 s)"
-tar cJf $G/site.txz -C "$site" .
+find "$site/numpy" -type d -name tests -prune -exec rm -rf {} +
+strip --strip-unneeded "$site"/rapidjson*.so
+echo "slim_gpu_bundle: packing $(du -sh "$site" | cut -f1) into $G/site.txz (xz -9, ~40 s)"
+XZ_OPT=-9 tar cJf $G/site.txz -C "$site" .
+server=$(mktemp -d)
+trap 'rm -rf "$site" "$server"' EXIT
+tar xJf $G/tritonserver.txz -C "$server"
+strip --strip-unneeded "$server"/pytriton/tritonserver/bin/tritonserver "$server"/nvidia_pytriton.libs/libtritonserver-*.so
+echo "slim_gpu_bundle: repacking $G/tritonserver.txz with its server stripped (xz -9, ~70 s)"
+XZ_OPT=-9 tar cJf $G/tritonserver.txz -C "$server" .
 HIDE='import sys; sys.modules.update(dict.fromkeys(("scipy", "sklearn")))'
 sed -i "s|^python3 -m pip install .*\\\$_G/whl/\\*\\.whl.*\$|tar xJf \$_G/site.txz -C \$_SITE   # the wheels, unpacked (scripts/slim_gpu_bundle.sh)\necho '$HIDE' > \$_SITE/00_numpy2_only_absent.pth|" $G/env.sh
 rm -rf $G/whl
