@@ -119,6 +119,13 @@ def scrape(metrics_url: str) -> dict[tuple[str, str], float]:
     return samples
 
 
+def delta_of(before: dict, after: dict, default_model: str):
+    """delta(name, model=default_model): how much a metric moved between two scrapes (0 where absent)."""
+    def delta(name: str, model: str = default_model) -> float:
+        return after.get((name, model), 0) - before.get((name, model), 0)
+    return delta
+
+
 def histogram_above(metrics_url: str, name: str, model: str, bound: str) -> float:
     """How many observations of histogram `name` exceeded `bound` (count minus the le=bound bucket)."""
     text = urllib.request.urlopen(metrics_url, timeout=5).read().decode()

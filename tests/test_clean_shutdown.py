@@ -28,7 +28,7 @@ import pytest
 
 from conftest import ROOT, TINY_PIXART
 from ditserve.client import GenerationRequest
-from helpers import StreamCall, assert_stops_cleanly, scrape, wait_for_metric
+from helpers import StreamCall, assert_stops_cleanly, delta_of, scrape, wait_for_metric
 
 sys.path.insert(0, str(ROOT / "perf"))
 from cancel_storm import MODEL, explicit_server_options, storm, unload_seconds  # noqa: E402
@@ -74,7 +74,7 @@ def test_early_stops_and_a_cancel_storm_leave_a_prompt_unload_and_a_clean_stop(t
         assert cancelled >= 20, f"only {cancelled} requests in {STORM_S:g} s"
         assert wait_for_metric(server.metrics_url, "ditserve_state_table_size", "dit", 0.0) == 0.0
         after = scrape(server.metrics_url)
-        delta = lambda name: after.get((name, MODEL), 0) - before.get((name, MODEL), 0)  # noqa: E731
+        delta = delta_of(before, after, MODEL)
         # Every cancel ends once on the server: as cancelled, or not at all when Triton dropped it
         # from its queue before our model saw it; never a completion, since none reached the end.
         assert after.get(("ditserve_requests_completed_total", MODEL), 0) == 0

@@ -10,7 +10,7 @@ import pytest
 from conftest import ROOT, TINY_PIXART, rendered_server, serve
 from ditserve.client import GenerationRequest
 from ditserve.deployment import write_variant
-from helpers import StreamCall, scrape
+from helpers import StreamCall, delta_of, scrape
 from test_step_batching import assert_each_streamed_and_matches
 
 
@@ -43,7 +43,7 @@ def test_mixed_requests_all_finish_exactly_under_the_cost_scheduler(cost_server,
     after = scrape(cost_server.metrics_url)
 
     assert_each_streamed_and_matches(requests, results, diffusers_pixart)
-    delta = lambda name: after.get((name, "dit"), 0) - before.get((name, "dit"), 0)  # noqa: E731
+    delta = delta_of(before, after, "dit")
     assert delta("ditserve_step_batch_size_sum") == sum(r.num_inference_steps for r in requests), \
         "one forward row per request per step: waiting rounds neither lose nor repeat a step"
     assert delta("ditserve_scheduler_waits_total") > 0, "with no batching gain, the scheduler held some back"
@@ -63,7 +63,7 @@ def test_generations_passed_over_wait_inside_the_execute(cost_server, diffusers_
     after = scrape(cost_server.metrics_url)
 
     assert_each_streamed_and_matches(requests, results, diffusers_pixart)
-    delta = lambda name: after.get((name, "dit"), 0) - before.get((name, "dit"), 0)  # noqa: E731
+    delta = delta_of(before, after, "dit")
     forwards, executes = delta("ditserve_step_batch_size_count"), delta("nv_inference_exec_count")
     assert delta("ditserve_scheduler_waits_total") > 0, "one shape waited while the other stepped"
     assert executes * 2 <= forwards, f"{executes:.0f} dit executes for {forwards:.0f} forwards"

@@ -20,7 +20,7 @@ from ditserve.client import DitClient, GenerationRequest
 from ditserve.deployment import load_deployment
 from ditserve.faults import FaultInjector, FaultRule, InjectedFault, Subject, parse_rules
 from ditserve.handoff import default_root as handoff_root
-from helpers import StreamCall, assert_matches, grpc_inputs, scrape, settled_scrape, wait_for_metric
+from helpers import StreamCall, assert_matches, delta_of, grpc_inputs, scrape, settled_scrape, wait_for_metric
 from test_modes import write_deployment
 
 # dit faults fire at step 2 or 3: a request joining a running batch takes its first step alone
@@ -245,7 +245,7 @@ def _run_fault_case(server, peer_reference, prompt, height, protocol, timeout_us
     assert wait_for_metric(server.metrics_url, "ditserve_state_table_size", "dit", 0.0) == 0.0, "state released"
     model = "txt2img_stream" if protocol == "stream" else "txt2img"
     after = scrape(server.metrics_url)
-    delta = lambda name, m=model: after.get((name, m), 0) - before.get((name, m), 0)  # noqa: E731
+    delta = delta_of(before, after, model)
     assert delta("ditserve_requests_failed_total") == affected, "exactly one failure per affected request"
     assert delta("ditserve_requests_completed_total", "txt2img_stream") == 1, "the peer, and only the peer"
     assert delta("ditserve_requests_completed_total", "txt2img") == 0

@@ -15,7 +15,7 @@ from tritonclient.utils import InferenceServerException
 
 from conftest import diffusers_image
 from ditserve.client import DitClient, GenerationRequest
-from helpers import (StreamCall, assert_matches, histogram_above, run_staggered, scrape, settled_scrape,
+from helpers import (StreamCall, assert_matches, delta_of, histogram_above, run_staggered, scrape, settled_scrape,
                      wait_for_metric)
 
 STREAM = "txt2img_stream"
@@ -126,7 +126,7 @@ def test_cancel_at_each_point_frees_state_and_never_decodes(server, cancel_after
     _state_table_empties(server)
     time.sleep(0.5)  # a late, wrong decode or a second outcome would show up by now
     after = scrape(server.metrics_url)
-    delta = lambda metric, model=STREAM: after.get((metric, model), 0) - before.get((metric, model), 0)  # noqa: E731
+    delta = delta_of(before, after, STREAM)
     if cancel_after_steps == 59 and delta("nv_inference_count", "vae_decode") == 1:
         # The cancel, sent after step 59's progress, reached the server only after step 60:
         # dit reports step 59 just before its final response (it reads a step's NaN/inf check
@@ -171,7 +171,7 @@ def test_cancel_while_queued_before_admission_leaves_peers_intact(server):
     images = [runner.finish()[1] for runner in runners]
     _state_table_empties(server)
     after = settled_scrape(server.metrics_url, quiet_s=1.0)   # a handed-over queued request has ended by now
-    delta = lambda name, model=STREAM: after.get((name, model), 0) - before.get((name, model), 0)  # noqa: E731
+    delta = delta_of(before, after, STREAM)
     queued_completed = delta("ditserve_requests_completed_total") - capacity
     assert queued_completed in (0, 1), "every peer completed, and the queued request at most once"
     assert queued_completed + delta("ditserve_requests_cancelled_total") in (0, 1), "the queued request ended once"
