@@ -12,7 +12,8 @@
 # Since 2026-12-04 the tracked tree (31 MB) plus .gpu (51 MB built, 38 MB after the above) went over
 # the limit again, so it also drops numpy's own tests, strips the debug symbols of rapidjson's .so
 # and of tritonserver's executable and library (strip --strip-unneeded; the stripped server ran the
-# H200 scheduler ladder that day), and packs both archives with xz -9: .gpu comes to ~34 MB.
+# H200 scheduler ladder that day), and packs both archives with xz -9: .gpu comes to ~34 MB, and
+# replaces ICU's data library with a stub (below): ~27 MB.
 #
 #   bash scripts/slim_gpu_bundle.sh          (from the checkout root, after make_gpu_bundle.sh)
 set -euo pipefail
@@ -38,6 +39,18 @@ server=$(mktemp -d)
 trap 'rm -rf "$site" "$server"' EXIT
 tar xJf $G/tritonserver.txz -C "$server"
 strip --strip-unneeded "$server"/pytriton/tritonserver/bin/tritonserver "$server"/nvidia_pytriton.libs/libtritonserver-*.so
+# ICU's data library (29 MB, 7 MB in xz) is there only because libxml2 links ICU, and Triton parses
+# XML only for cloud-storage model repositories; a stub with its one symbol and soname takes its place.
+icudata=$(ls "$server"/nvidia_pytriton.libs/libicudata-*.so.* 2>/dev/null || true)
+if [ -n "$icudata" ] && command -v gcc >/dev/null; then
+    echo "slim_gpu_bundle: replacing $(basename "$icudata") with a stub (ICU data is never loaded)"
+    symbol=$(nm -D --defined-only "$icudata" | awk '/ R icudt[0-9]+_dat$/ {print $3}')
+    echo "__attribute__((aligned(16))) const unsigned char $symbol[32] = {0};" > "$server/icudata_stub.c"
+    gcc -shared -fPIC -Wl,-soname,"$(basename "$icudata")" -o "$icudata" "$server/icudata_stub.c"
+    rm "$server/icudata_stub.c"
+else
+    echo "slim_gpu_bundle: keeping ICU's data library (no gcc here, or the wheel has none)"
+fi
 echo "slim_gpu_bundle: repacking $G/tritonserver.txz with its server stripped (xz -9, ~70 s)"
 XZ_OPT=-9 tar cJf $G/tritonserver.txz -C "$server" .
 HIDE='import sys; sys.modules.update(dict.fromkeys(("scipy", "sklearn")))'
