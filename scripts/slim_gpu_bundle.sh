@@ -25,6 +25,9 @@ fi
 [ -d $G/whl ] || { echo "slim_gpu_bundle: no $G/whl; build the bundle first: bash ../shared/tools/make_gpu_bundle.sh" >&2; exit 1; }
 grep -q '^python3 -m pip install .*\$_G/whl/\*\.whl' $G/env.sh || {
     echo "slim_gpu_bundle: $G/env.sh has no 'python3 -m pip install ... \$_G/whl/*.whl' line to replace" >&2; exit 1; }
+# The device image has no ftfy, which diffusers' Wan pipelines call when they clean a prompt
+# (building tiny-wan-i2v there raised NameError: name 'ftfy' is not defined, 2026-12-04).
+python3 -m pip download -q --no-deps -d $G/whl ftfy wcwidth
 site=$(mktemp -d)
 trap 'rm -rf "$site"' EXIT
 for wheel in $G/whl/*.whl; do
