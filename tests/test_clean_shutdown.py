@@ -68,7 +68,6 @@ def test_early_stops_and_a_cancel_storm_leave_a_prompt_unload_and_a_clean_stop(t
         assert wait_for_metric(server.metrics_url, "ditserve_state_table_size", "dit", 0.0) == 0.0
 
         before = scrape(server.metrics_url)
-        assert before.get(("ditserve_requests_completed_total", MODEL), 0) == 0, "an early stop completed"
         # 60 steps, cancelled within the first 30: the rest outlasts a client thread starved on a loaded
         # host (with 20 steps, a helper's run at load 10+ saw 3 of them finish before their cancel)
         cancelled = storm(server.grpc_url, STORM_S, clients=4, steps=60)
@@ -77,12 +76,9 @@ def test_early_stops_and_a_cancel_storm_leave_a_prompt_unload_and_a_clean_stop(t
         after = scrape(server.metrics_url)
         delta = delta_of(before, after, MODEL)
         # Every cancel ends once on the server: as cancelled, or not at all when Triton dropped it
-        # from its queue before our model saw it. A few may complete: a cancel that reaches the
-        # server after the last step (a starved client thread; 3 of ~40 once with 60 steps on a
-        # busy 2-core host, 2026-12-04), or one Triton 2.51 loses (docs/reliability.md).
-        completed = delta("ditserve_requests_completed_total")
-        assert 0 < delta("ditserve_requests_cancelled_total") <= cancelled - completed, (completed, cancelled)
-        assert completed <= cancelled // 4, f"{completed} of {cancelled} cancelled requests completed"
+        # from its queue before our model saw it; never a completion, since none reached the end.
+        assert after.get(("ditserve_requests_completed_total", MODEL), 0) == 0
+        assert 0 < delta("ditserve_requests_cancelled_total") <= cancelled
         seconds = unload_seconds(server.grpc_url, MODEL, UNLOAD_BOUND_S)
         assert seconds is not None, (f"{MODEL} still UNLOADING {UNLOAD_BOUND_S:g} s after a storm of {cancelled} "
                                      f"cancels\n{server.log_tail(30)}")

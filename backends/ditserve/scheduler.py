@@ -312,9 +312,8 @@ class CostPolicy:
     def order(self, candidates: list[Candidate], model: CostModel) -> list[Candidate]:
         """Overdue requests first, the most stretched first; then fewest remaining steps, ties by arrival."""
         def rank(c: Candidate) -> tuple:
-            stretched = self.stretch(c, model)
-            if stretched > self.max_slowdown:   # overdue
-                return (0, -stretched, 0, c.key)
+            if self.overdue(c, model):
+                return (0, -self.stretch(c, model), 0, c.key)
             return (1, c.remaining, -c.waited, c.key)
         return sorted(candidates, key=rank)
 
@@ -354,8 +353,7 @@ class CostPolicy:
             if cost(1) is None:
                 chosen.update(c.key for c in members)     # unmeasured: step all once, which measures it
                 continue
-            late = [-stretched for stretched in (self.stretch(c, model) for c in members)
-                    if stretched > self.max_slowdown]   # the overdue members
+            late = [-self.stretch(c, model) for c in members if self.overdue(c, model)]
             urgency[group] = ((0, min(late)) if late else
                               (1, min(c.remaining for c in members) * cost(len(plans[group])),
                                -max(c.waited for c in members)))
