@@ -1,9 +1,10 @@
 """[accel]: compiled forwards padded to row buckets, warmed at load (ditserve/accel.py).
 
-CPU stands in for the GPU here: the tiny PixArt-Sigma is served with the transformer, the
-text encoder and the VAE decode compiled by torch.compile's `aot_eager` backend (the same
-dynamo trace, bucket padding, warm-up and eager fallback as inductor; CUDA graphs are GPU
-only, see perf/results for the H200). Served images must still match plain diffusers, alone
+CPU stands in for the GPU here: the tiny PixArt-Sigma is served with the transformer compiled
+by torch.compile's `aot_eager` backend (the same dynamo trace, bucket padding, warm-up and eager
+fallback as inductor) and the text encoder's `cuda_graphs` path, which on a CPU runs its static
+buffers where a GPU replays the captured graph (CUDA graphs are GPU only, see perf/results for
+the H200); the compiled text encoder and VAE decode are checked in process. Served images must still match plain diffusers, alone
 and step-batched; progress and cancellation keep working; warm shapes run compiled and other
 shapes eager (counted by ditserve_{compiled,eager}_forwards_total).
 """
@@ -25,7 +26,7 @@ BASE = ROOT / "configs" / "tiny-pixart-sigma.toml"
 # attention = "cudnn" too: on CPU cuDNN cannot take the call and torch falls through to its CPU
 # kernels, so the images must still match; the GPU effect is in perf/results
 ACCEL = {"transformer": "compile", "compile_backend": "aot_eager", "warm_sizes": ["64x64"],
-         "text_encoder": "compile", "attention": "cudnn"}
+         "text_encoder": "cuda_graphs", "attention": "cudnn"}
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +49,8 @@ def test_warm_up_ran_at_load(accel_server):
         assert metrics[("ditserve_accel_warmup_seconds", model)] > 0, model
     log = accel_server.log_path.read_text()
     assert "dit: [accel] warmed 1 variant(s)" in log
+    # text_encoder's max batch 8 x 2 rows: graphs for 16, 8, 4, 2 and 1 rows
+    assert "text_encoder: [accel] warmed 5 variant(s)" in log and "16 texts, 8 texts, 4 texts, 2 texts, 1 texts" in log
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "grpc-stream"])
@@ -101,6 +104,51 @@ def test_compiled_vae_decode_equals_eager(tmp_path):
     assert compiled.stage_runner.calls == {"compiled": 1, "eager": 0}
     compiled.decode(torch.randn(1, 4, 4, 8))                    # not a warm size: eager
     assert compiled.stage_runner.calls == {"compiled": 1, "eager": 1}
+
+
+def _text_encoders(tmp_path, accel: dict):
+    from ditserve.adapters import adapter_for
+    deployment = write_variant(BASE, tmp_path / "text.toml", {}, "test", accel=accel)
+    family = adapter_for(deployment.model.family)
+    return family(deployment, "text_encoder"), family(load_deployment(BASE), "text_encoder")
+
+
+def test_graphed_text_encoder_equals_eager_and_runs_only_warmed_shapes(tmp_path):
+    """text_encoder = "cuda_graphs": one graph per row bucket and token length, warmed at load;
+    the embeddings equal the eager encoder's (on a CPU the graphs' buffers run, no capture)."""
+    fast, eager = _text_encoders(tmp_path, {"text_encoder": "cuda_graphs"})
+    assert fast.warm_up(text_rows=4).variants == ["4 texts", "2 texts", "1 texts"]
+    runner = fast.stage_runner
+    # every bucket at 32 and 128 tokens; at 300 up to 1024 tokens a batch (GRAPH_TOKENS)
+    assert sorted(runner.graphs) == [(1, 32), (1, 128), (1, 300), (2, 32), (2, 128), (2, 300), (4, 32), (4, 128)]
+    assert runner.calls == {"compiled": 0, "eager": 0}
+    for texts in (["a red cat"], ["", "a blue bird over the sea"], ["one", "two", "three"],
+                  ["a long prompt " * 12]):   # 1, 2, 3 (padded to 4) rows; 32 and 128 tokens
+        got, want = fast.encode_prompts(texts), eager.encode_prompts(texts)
+        assert torch.equal(got.mask, want.mask)
+        torch.testing.assert_close(got.embeds, want.embeds, rtol=0, atol=1e-6)
+    assert runner.calls == {"compiled": 4, "eager": 0}
+    fast.encode_prompts(["five", "rows", "past", "the", "buckets"])   # more rows than warmed: eager
+    fast.encode_prompts(["a very long prompt " * 40] * 3)              # 4 x 300 tokens: not captured
+    assert runner.calls == {"compiled": 4, "eager": 2}
+
+
+def test_compiled_text_encoder_equals_eager(tmp_path):
+    fast, eager = _text_encoders(tmp_path, {"text_encoder": "compile", "compile_backend": "eager"})
+    assert fast.warm_up().variants == ["2 texts", "1 texts"]
+    texts = ["", "a blue bird over the sea"]
+    torch.testing.assert_close(fast.encode_prompts(texts).embeds, eager.encode_prompts(texts).embeds,
+                               rtol=0, atol=1e-6)
+    assert fast.stage_runner.calls["compiled"] == 1
+
+
+def test_graphed_text_encoder_needs_a_t5_family_encoder(tmp_path):
+    from conftest import FLUX_DEPLOYMENT
+    from ditserve.adapters import adapter_for
+    deployment = write_variant(FLUX_DEPLOYMENT, tmp_path / "flux.toml", {}, "test", accel={"text_encoder": "cuda_graphs"})
+    with pytest.raises(ValueError, match=r'text_encoder = "cuda_graphs" replays a T5 or UMT5 encoder; family '
+                                         r"'flux' encodes with CLIPTextModel: use \"compile\" or \"eager\""):
+        adapter_for(deployment.model.family)(deployment, "text_encoder")
 
 
 @pytest.mark.parametrize("config", ["tiny-wan-t2v.toml", "tiny-wan-i2v.toml"])
@@ -190,7 +238,7 @@ def test_cudnn_attention_goes_first_in_the_sdpa_priority_and_compiles_apart(monk
 @pytest.mark.parametrize("accel, message", [
     ({"transformer": "fast"}, "[accel] transformer='fast'; allowed: eager, compile, cuda_graphs"),
     ({"vae_decode": "graphs"}, "[accel] vae_decode='graphs'; allowed: eager, compile"),
-    ({"text_encoder": 1}, "[accel] text_encoder=1; allowed: eager, compile"),
+    ({"text_encoder": 1}, "[accel] text_encoder=1; allowed: eager, compile, cuda_graphs"),
     ({"fp8": "yes"}, "[accel] fp8='yes'; allowed: true, false"),
     ({"scheduler_step": "vectorised"}, "[accel] scheduler_step='vectorised'; allowed: batched, per_request"),
     ({"attention": "flash3"}, "[accel] attention='flash3'; allowed: default, cudnn"),

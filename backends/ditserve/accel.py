@@ -9,7 +9,8 @@ compiles. Padding repeats the last real row, so padded rows are finite and are d
 
 `WarmCompiled` is the one compile mechanism; `TransformerRunner` adds the buckets for dit (and,
 with `cuda_graphs`, one captured CUDA graph per bucket, `BucketGraph`), and `warm_attribute`
-puts it in front of the text encoder's forward and the VAE's decode.
+puts it in front of the text encoder's forward and the VAE's decode. `GraphedEncoder` replays a
+T5-family text encoder's eager forward from CUDA graphs, per row bucket and token length.
 """
 from __future__ import annotations
 
@@ -89,7 +90,22 @@ class WarmupReport:
     device_bytes: int = 0   # device memory reserved by the warm-up (compiled kernels' and graphs' pools)
 
 
-class WarmCompiled:
+class Warmable:
+    """A forward that compiles or captures only inside `warming` (at load), never on a request."""
+
+    _warming = False
+
+    @contextlib.contextmanager
+    def warming(self) -> Iterator[None]:
+        """Calls inside compile (or capture) their shape and mark it warm."""
+        self._warming = True
+        try:
+            yield
+        finally:
+            self._warming = False
+
+
+class WarmCompiled(Warmable):
     """`fn` compiled, used only for call signatures warmed at load; any other call runs `fn` eager.
 
     The batch dimension (dim 0 of every tensor argument) is marked dynamic so that one compile
@@ -102,7 +118,6 @@ class WarmCompiled:
         self.eager = fn
         self.compiled = torch.compile(fn, backend=accel.compile_backend)
         self.warm: set[tuple] = set()
-        self._warming = False
         self.calls = {"compiled": 0, "eager": 0}
 
     def __call__(self, *args, **kwargs):
@@ -120,14 +135,6 @@ class WarmCompiled:
             self.calls["compiled"] += 1
         return out
 
-    @contextlib.contextmanager
-    def warming(self) -> Iterator[None]:
-        """Calls inside compile (and capture) their signature and mark it warm."""
-        self._warming = True
-        try:
-            yield
-        finally:
-            self._warming = False
 
 
 def pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
@@ -292,6 +299,82 @@ def _measure(report: WarmupReport) -> Iterator[None]:
     report.device_bytes += (torch.cuda.memory_reserved() - before) if cuda else 0
 
 
+# The largest text batch (row bucket x tokens) GraphedEncoder captures.
+GRAPH_TOKENS = 1024
+
+
+class GraphedEncoder(Warmable):
+    """A T5-family text encoder's eager forward replayed from CUDA graphs ([accel] text_encoder =
+    "cuda_graphs"), one per row bucket and token length, captured at load.
+
+    At a prompt's length the encoder is launch-bound: on the H200 full-size T5-XXL over one
+    32-token row takes 24 ms eager and 6 ms replayed (perf/results/2026-12-04-h200-t5-graph-probe.md),
+    and that encode is part of every request's time to first step. Nothing is compiled, so the
+    whole warm-up takes seconds. The 2D mask is expanded by transformers' own function without
+    its all-ones shortcut (a host sync, which a capture cannot hold) into the values the encoder
+    would build itself: a replay equals the eager forward at the same rows to the bit. A batch is
+    padded to its row bucket as dit's is (its real rows may then differ from an unpadded run in
+    bf16 rounding, as dynamic batching's batches already do). Only batches of up to
+    GRAPH_TOKENS tokens (row bucket x length) are captured: past that the encoder is
+    compute-bound (8 x 128 tokens: 27 ms replayed, 30 eager; 4 x 300: 41 and 44) and a graph's
+    memory pool grows to gigabytes (5.3 GiB with 32 x 300), so those run eager, as do calls of
+    another form and lengths not warmed. On a CPU device the buffers are run instead of a
+    graph: the same path without the capture (the tests').
+    """
+
+    def __init__(self, encoder: torch.nn.Module, device: torch.device):
+        try:
+            from transformers.masking_utils import create_bidirectional_mask
+        except ImportError as exc:
+            raise ValueError("deployment [accel] text_encoder = \"cuda_graphs\" needs transformers >= 4.53 "
+                             f"(transformers.masking_utils): {exc}; upgrade it or use \"compile\"") from exc
+        self.expand_mask = create_bidirectional_mask
+        self.encoder, self.eager = encoder, encoder.forward
+        self.pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
+        self.graphs: dict[tuple[int, int], BucketGraph] = {}   # (row bucket, tokens) -> graph
+        self.buckets: tuple[int, ...] = ()
+        self.calls = {"compiled": 0, "eager": 0}
+
+    def warm_rows(self, max_rows: int) -> list[int]:
+        """Set the row buckets (powers of two up to `max_rows`, the most rows an execute encodes)
+        and return them largest first, the order to warm them in (its pool then serves the rest)."""
+        buckets = [1]
+        while buckets[-1] < max_rows:
+            buckets.append(buckets[-1] * 2)
+        self.buckets = tuple(buckets)
+        return buckets[::-1]
+
+    def __call__(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                 *args, **kwargs):
+        from transformers.modeling_outputs import BaseModelOutput
+        plain = not args and not kwargs and input_ids is not None and attention_mask is not None
+        bucket = row_bucket(self.buckets, input_ids.shape[0]) if plain and attention_mask.ndim == 2 else None
+        key = (bucket, input_ids.shape[1]) if bucket is not None and bucket * input_ids.shape[1] <= GRAPH_TOKENS \
+            else None
+        if self._warming and key is not None and key not in self.graphs:
+            padded = [pad_rows(input_ids, bucket), pad_rows(attention_mask, bucket)]
+            self.graphs[key] = BucketGraph(self._run, padded, self.pool, capture=self.pool is not None)
+        if not self._warming:
+            self.calls["compiled" if key in self.graphs else "eager"] += 1
+        if key not in self.graphs:
+            return self.eager(input_ids, attention_mask, *args, **kwargs)
+        return BaseModelOutput(last_hidden_state=self.graphs[key]([input_ids, attention_mask]))
+
+    def _run(self, static: list[torch.Tensor]) -> torch.Tensor:
+        ids, mask = static
+        meta = torch.empty(*ids.shape, 1, dtype=self.encoder.dtype, device=ids.device)  # shape, dtype, device only
+        full = self.expand_mask(self.encoder.config, meta, mask, allow_is_bidirectional_skip=False)
+        return self.eager(ids, attention_mask=full)[0]
+
+
+
+def graph_encoder(encoder: torch.nn.Module, device: torch.device) -> GraphedEncoder:
+    """Put a GraphedEncoder in front of `encoder`'s forward (before TrimPadding goes in front of it)."""
+    runner = GraphedEncoder(encoder, device)
+    encoder.forward = runner
+    return runner
+
+
 def warm_attribute(owner: Any, name: str, accel: AccelSection) -> WarmCompiled:
     """Put a WarmCompiled in front of `owner.name` (the text encoder's forward, the VAE's decode)."""
     runner = WarmCompiled(getattr(owner, name), accel)
@@ -300,7 +383,7 @@ def warm_attribute(owner: Any, name: str, accel: AccelSection) -> WarmCompiled:
 
 
 @contextlib.contextmanager
-def warming(runner: WarmCompiled | None, report: WarmupReport, variant: str) -> Iterator[None]:
+def warming(runner: WarmCompiled | GraphedEncoder | None, report: WarmupReport, variant: str) -> Iterator[None]:
     """Inside, calls through `runner` are compiled and marked warm; a no-op without a runner."""
     if runner is None:
         yield

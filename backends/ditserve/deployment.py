@@ -136,6 +136,7 @@ class EngineSection:
 
 TRANSFORMER_ACCEL = ("eager", "compile", "cuda_graphs")
 STAGE_ACCEL = ("eager", "compile")
+TEXT_ENCODER_ACCEL = ("eager", "compile", "cuda_graphs")
 SCHEDULER_STEP_ACCEL = ("batched", "per_request")
 ATTENTION_ACCEL = ("default", "cudnn")
 
@@ -156,7 +157,9 @@ class AccelSection:
                  path on CPU in seconds (the CPU tests use them)
     compile_cache    inductor's cache directory (keep it on a volume: restarts then skip most
                  of the compile); "" = torch's default under /tmp
-    vae_decode, text_encoder  eager | compile, for those stages' forwards (warmed for warm_sizes)
+    vae_decode, text_encoder  eager | compile, for those stages' forwards (warmed for warm_sizes);
+                 text_encoder also cuda_graphs (T5 / UMT5 encoders: the eager forward replayed from
+                 CUDA graphs per row bucket and token length, captured at load in seconds)
     fp8          the linear layers of the transformer's blocks in FP8 e4m3 (ditserve/fp8.py: per-row
                  weight and dynamic activation scales, torch._scaled_mm); needs FP8 tensor cores on a GPU
     scheduler_step  batched (default): a step batch's scheduler steps run as one set of tensor
@@ -408,7 +411,7 @@ def _check_cache(cache: CacheSection) -> None:
 def _check_accel(dep: Deployment) -> None:
     """Every [accel] value is checked here, at load, with the allowed values in the message."""
     accel = dep.accel
-    choices = {"transformer": TRANSFORMER_ACCEL, "vae_decode": STAGE_ACCEL, "text_encoder": STAGE_ACCEL,
+    choices = {"transformer": TRANSFORMER_ACCEL, "vae_decode": STAGE_ACCEL, "text_encoder": TEXT_ENCODER_ACCEL,
                "scheduler_step": SCHEDULER_STEP_ACCEL, "attention": ATTENTION_ACCEL}
     for key, allowed in choices.items():
         if getattr(accel, key) not in allowed:

@@ -75,10 +75,15 @@ def pad_to_mask(embeds: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.pad(embeds, (0, 0, 0, missing)) if missing > 0 else embeds
 
 
+def is_t5_encoder(encoder: torch.nn.Module | None) -> bool:
+    """A T5 or UMT5 encoder: a masked bidirectional encoder whose padding can be cut."""
+    from transformers import T5EncoderModel, UMT5EncoderModel
+    return isinstance(encoder, (T5EncoderModel, UMT5EncoderModel))
+
+
 def trim_encoder_padding(encoder: torch.nn.Module) -> TrimPadding | None:
     """Put TrimPadding in front of `encoder`'s forward if it is a T5 or UMT5 encoder; None otherwise."""
-    from transformers import T5EncoderModel, UMT5EncoderModel
-    if not isinstance(encoder, (T5EncoderModel, UMT5EncoderModel)):
+    if not is_t5_encoder(encoder):
         return None
     trim = TrimPadding(encoder.forward)
     encoder.forward = trim

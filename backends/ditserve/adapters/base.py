@@ -31,7 +31,8 @@ from typing import Callable, ClassVar
 import torch
 from diffusers.utils.torch_utils import randn_tensor
 
-from ..accel import TransformerRunner, WarmCompiled, WarmupReport, prefer_attention, signature, warm_attribute, warming
+from ..accel import (GraphedEncoder, TransformerRunner, WarmCompiled, WarmupReport, graph_encoder, prefer_attention,
+                     signature, warm_attribute, warming)
 from ..fp8 import apply_fp8
 from ..batched_step import BatchedSolver, solver_for, warn_fallback
 from ..cache import RowCache, first_block_cache
@@ -39,7 +40,7 @@ from ..cache_graphs import CachedGraphs
 from ..deployment import Deployment
 from ..schema import GenerationParams, check_params
 from ..state import RequestState, TextConditioning
-from ..text_padding import trim_encoder_padding, warm_lengths
+from ..text_padding import is_t5_encoder, trim_encoder_padding, warm_lengths
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -112,9 +113,10 @@ class FamilyAdapter(ABC):
                                  f"{blocks} blocks: allowed front_blocks + back_blocks up to {blocks - 1} (one "
                                  "block must be left to cache)")
 
-    def _accelerate(self, stage: str) -> tuple[TransformerRunner | None, WarmCompiled | None]:
-        """The deployment's [accel] for this stage: dit's transformer runner, or a compiled
-        text encoder / VAE decode. Compiling happens in `warm_up`, never on the request path."""
+    def _accelerate(self, stage: str) -> tuple[TransformerRunner | None, WarmCompiled | GraphedEncoder | None]:
+        """The deployment's [accel] for this stage: dit's transformer runner, or a compiled (or
+        graphed) text encoder / a compiled VAE decode. Compiling and capturing happen in `warm_up`,
+        never on the request path."""
         accel = self.deployment.accel
         if stage == "dit":
             prefer_attention(accel)
@@ -132,13 +134,20 @@ class FamilyAdapter(ABC):
             return self.runners["transformer"], None
         if stage == "text_encoder" and accel.text_encoder == "compile":
             return None, warm_attribute(self.pipe.text_encoder, "forward", accel)
+        if stage == "text_encoder" and accel.text_encoder == "cuda_graphs":
+            if not is_t5_encoder(self.pipe.text_encoder):
+                raise ValueError(f"deployment [accel] text_encoder = \"cuda_graphs\" replays a T5 or UMT5 encoder; "
+                                 f"family {self.family!r} encodes with {type(self.pipe.text_encoder).__name__}: "
+                                 "use \"compile\" or \"eager\"")
+            return None, graph_encoder(self.pipe.text_encoder, self.device)
         if stage == "vae_decode" and accel.vae_decode == "compile":
             return None, warm_attribute(self.pipe.vae, "decode", accel)
         return None, None
 
-    def warm_up(self) -> WarmupReport:
+    def warm_up(self, text_rows: int = 2) -> WarmupReport:
         """Compile (and capture) this stage's accelerated forward for every warm size, before
-        Triton reports the model READY, so that no request waits for a compile."""
+        Triton reports the model READY, so that no request waits for a compile. `text_rows`: the
+        most text rows one text_encoder execute encodes (its graphs' largest row bucket)."""
         report = WarmupReport()
         for params in self.warm_params():
             size = f"{params.num_frames}x" * self.deployment.is_video + f"{params.height}x{params.width}"
@@ -160,7 +169,10 @@ class FamilyAdapter(ABC):
                     with warming(self.stage_runner, report, f"{size} x {rows}"):
                         self.decode(torch.cat([latents] * rows))
         if self.stage == "text_encoder":
-            for rows in (2, 1):   # with and without CFG: one dynamic compile, and the size-1 special case
+            # compile: with and without CFG (one dynamic compile, and the size-1 special case);
+            # cuda_graphs: every row bucket
+            graphed = isinstance(self.stage_runner, GraphedEncoder)
+            for rows in self.stage_runner.warm_rows(text_rows) if graphed else (2, 1):
                 with warming(self.stage_runner, report, f"{rows} texts"):
                     self.encode_text(["warm up"] * rows)
                     if self.stage_runner is not None and self.text_trim is not None:   # every trimmed length

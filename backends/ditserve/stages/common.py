@@ -114,11 +114,12 @@ def ended_if_cancelled(request) -> bool:
     return True
 
 
-def warm_up(adapter, model_name: str):
+def warm_up(adapter, model_name: str, **sizes):
     """Compile and capture the stage's accelerated forwards before Triton reports READY, log
-    what it cost and expose it as ditserve_accel_* gauges (kept alive by the caller)."""
+    what it cost and expose it as ditserve_accel_* gauges (kept alive by the caller). `sizes`:
+    the stage's batch limits the adapter's warm_up takes (text_encoder: text_rows)."""
     from .metrics import AccelMetrics
-    report = adapter.warm_up()
+    report = adapter.warm_up(**sizes)
     if report.variants:
         pb_utils.Logger.log_info(
             f"{model_name}: [accel] warmed {len(report.variants)} variant(s) in {report.seconds:.1f} s, "

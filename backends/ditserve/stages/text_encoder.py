@@ -39,7 +39,9 @@ class TextEncoderStage:
         self.deployment = stage_deployment(model_config)
         self.adapter = adapter_for(self.deployment.model.family)(self.deployment, "text_encoder", instance_device(args))
         self.faults = injector(self.deployment, "text_encoder")
-        self.accel_metrics = warm_up(self.adapter, args["model_name"])
+        # the most rows one dynamic-batching execute encodes: what graphs are captured up to
+        text_rows = MAX_ROWS * max(1, int(model_config.get("max_batch_size", 1)))
+        self.accel_metrics = warm_up(self.adapter, args["model_name"], text_rows=text_rows)
         negative = self.deployment.defaults.negative_prompt
         self.reused = ReusedRow(negative, self.adapter.encode_prompts([negative])) if self.deployment.uses_cfg else None
         self.reused_rows = counter("ditserve_text_rows_reused_total",

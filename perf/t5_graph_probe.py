@@ -1,0 +1,115 @@
+"""Does a CUDA graph of the eager T5 encoder pay, and can it be captured? (GPU; issue 22's TTFS)
+
+    python perf/t5_graph_probe.py --out FILE [--iters 20]
+
+Full-size T5-v1.1-XXL encoder (PixArt-Sigma's, random weights, bf16), built directly on the GPU.
+For each (rows, tokens) the text_encoder stage meets (tokens: text_padding.LENGTHS and the full
+300): the eager forward's median ms, the same forward replayed from a CUDA graph captured over
+static buffers, the largest difference between the two outputs, and for a batch padded to the
+next row bucket the largest difference of its real rows against the unpadded eager run.
+Writes FILE (JSON) after every row, so that a cut run still reports.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from build_full_size_random import T5_CONFIG, build_context  # noqa: E402
+
+from accel_probe import timed  # noqa: E402  (perf/ is this script's own folder)
+
+
+def inputs(rows: int, tokens: int, real: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random ids with `real` tokens per row, right-padded to `tokens` (as the tokenizer pads)."""
+    gen = torch.Generator().manual_seed(rows * 1000 + tokens)
+    ids = torch.randint(2, 32000, (rows, tokens), generator=gen)
+    mask = torch.zeros(rows, tokens, dtype=torch.long)
+    mask[:, :real] = 1
+    ids[mask == 0] = 0
+    return ids.to(device), mask.to(device)
+
+
+def capture(forward, ids: torch.Tensor, mask: torch.Tensor):
+    static = [ids.clone(), mask.clone()]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        forward(*static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = forward(*static)
+
+    def replay(new_ids: torch.Tensor, new_mask: torch.Tensor) -> torch.Tensor:
+        static[0].copy_(new_ids)
+        static[1].copy_(new_mask)
+        graph.replay()
+        return out
+    return replay
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--iters", type=int, default=20)
+    args = parser.parse_args()
+    from transformers import T5Config, T5EncoderModel
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    start = time.perf_counter()
+    with build_context(device, torch.bfloat16):
+        encoder = T5EncoderModel(T5Config(**T5_CONFIG)).eval()
+    report = {"command": " ".join(sys.argv), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "attn_implementation": getattr(encoder.config, "_attn_implementation", None),
+              "build_s": round(time.perf_counter() - start, 1), "rows": []}
+
+    def forward(ids, mask):
+        return encoder(ids, attention_mask=mask)[0]
+
+    from transformers.masking_utils import create_bidirectional_mask
+
+    def forward_4d(ids, mask):
+        """The mask expanded by transformers' own function, without its all-ones check (a host
+        sync, which a capture cannot hold); a 4D mask passes through the encoder as it is."""
+        meta = torch.empty(*ids.shape, 1, dtype=encoder.dtype, device=ids.device)
+        full = create_bidirectional_mask(encoder.config, meta, mask, allow_is_bidirectional_skip=False)
+        return encoder(ids, attention_mask=full)[0]
+
+    with torch.inference_mode():
+        for tokens in (32, 128, 300):
+            for rows in (1, 2, 4, 8):
+                row = {"rows": rows, "tokens": tokens}
+                ids, mask = inputs(rows, tokens, real=min(tokens, 20), device=device)
+                eager_out = forward(ids, mask).clone()
+                row["eager_ms"] = timed(lambda: forward(ids, mask), args.iters)
+                row["eager_4d_vs_eager_max_abs"] = float((forward_4d(ids, mask) - eager_out).abs().max())
+                # the plain forward is captured only once, last: a failed capture may spoil the rest
+                last = tokens == 300 and rows == 8
+                for name, fn in (("graph_4d", forward_4d), *((("graph", forward),) if last else ())):
+                    try:
+                        replay = capture(fn, ids, mask)
+                        row[f"{name}_ms"] = timed(lambda: replay(ids, mask), args.iters)
+                        row[f"{name}_vs_eager_max_abs"] = float((replay(ids, mask) - eager_out).abs().max())
+                        if rows > 1:   # rows - 1 real rows padded to `rows` by repeating the last
+                            few_ids, few_mask = ids[:rows - 1], mask[:rows - 1]
+                            few_eager = forward(few_ids, few_mask)
+                            padded = replay(torch.cat([few_ids, few_ids[-1:]]), torch.cat([few_mask, few_mask[-1:]]))
+                            row[f"{name}_padded_vs_eager_max_abs"] = float((padded[:rows - 1] - few_eager).abs().max())
+                    except Exception as exc:   # what stops a capture is the finding
+                        row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:600]
+                        row[f"{name}_trace"] = traceback.format_exc()[-1500:]
+                        torch.cuda.synchronize()
+                report["rows"].append(row)
+                print(json.dumps(row), flush=True)
+                args.out.write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
