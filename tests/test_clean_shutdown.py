@@ -16,6 +16,11 @@ would keep `txt2img_stream` in UNLOADING for good, and server shutdown would wai
 timeout. The storm cancels requests while they are queued, being encoded and mid-denoise (the
 paths our models end), from several gRPC streams at once, as tritonclient users do.
 
+Triton 2.51 does not deliver every stream cancel: a few storm requests, cancelled after 16-29
+of their 60 progress responses, ran to their image with `is_cancelled()` false at every check,
+several in one step batch at a time (perf/results/2026-12-04-cpu-storm-lost-cancels.md). The
+storm therefore allows that share of completions, and fails when more complete.
+
 Not covered here: cancels that cross the final response (the image) in flight. With Triton 2.51
 those can leave the model UNLOADING for good inside Triton's gRPC frontend, whatever the model
 does (docs/reliability.md, "Unload after cancel storms"; `perf/cancel_storm.py --cancel-at final`).
@@ -38,6 +43,9 @@ CANCELS = 8
 TIMEOUTS = 4
 STORM_S = 6.0
 UNLOAD_BOUND_S = 30.0   # an unload that finishes took 7-15 s on a loaded 2-core host
+# The share of a storm's cancels Triton 2.51 may lose mid-generation: 0.29 % measured, up to 4
+# of 228 in one 6 s storm (1.8 %).
+LOST_CANCELS = 0.03
 
 
 def early_stops(url: str) -> None:
@@ -68,6 +76,7 @@ def test_early_stops_and_a_cancel_storm_leave_a_prompt_unload_and_a_clean_stop(t
         assert wait_for_metric(server.metrics_url, "ditserve_state_table_size", "dit", 0.0) == 0.0
 
         before = scrape(server.metrics_url)
+        assert before.get(("ditserve_requests_completed_total", MODEL), 0) == 0, "an early-stopped request completed"
         # 60 steps, cancelled within the first 30: the rest outlasts a client thread starved on a loaded
         # host (with 20 steps, a helper's run at load 10+ saw 3 of them finish before their cancel)
         cancelled = storm(server.grpc_url, STORM_S, clients=4, steps=60)
@@ -76,9 +85,13 @@ def test_early_stops_and_a_cancel_storm_leave_a_prompt_unload_and_a_clean_stop(t
         after = scrape(server.metrics_url)
         delta = delta_of(before, after, MODEL)
         # Every cancel ends once on the server: as cancelled, or not at all when Triton dropped it
-        # from its queue before our model saw it; never a completion, since none reached the end.
-        assert after.get(("ditserve_requests_completed_total", MODEL), 0) == 0
-        assert 0 < delta("ditserve_requests_cancelled_total") <= cancelled
+        # from its queue before our model saw it. A completion is a cancel Triton 2.51 never
+        # delivered (`is_cancelled()` false through the last step: 20 of 6,888 storm requests,
+        # perf/results/2026-12-04-cpu-storm-lost-cancels.md); our cancel path failing would
+        # complete most of them.
+        completed, ended = delta("ditserve_requests_completed_total"), delta("ditserve_requests_cancelled_total")
+        assert completed <= LOST_CANCELS * cancelled, f"{completed:.0f} of {cancelled} cancelled requests completed"
+        assert 0 < ended and ended + completed <= cancelled
         seconds = unload_seconds(server.grpc_url, MODEL, UNLOAD_BOUND_S)
         assert seconds is not None, (f"{MODEL} still UNLOADING {UNLOAD_BOUND_S:g} s after a storm of {cancelled} "
                                      f"cancels\n{server.log_tail(30)}")
