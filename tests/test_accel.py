@@ -106,11 +106,11 @@ def test_compiled_vae_decode_equals_eager(tmp_path):
     assert compiled.stage_runner.calls == {"compiled": 1, "eager": 1}
 
 
-def _text_encoders(tmp_path, accel: dict):
+def _text_encoders(tmp_path, accel: dict, base=BASE):
     from ditserve.adapters import adapter_for
-    deployment = write_variant(BASE, tmp_path / "text.toml", {}, "test", accel=accel)
+    deployment = write_variant(base, tmp_path / "text.toml", {}, "test", accel=accel)
     family = adapter_for(deployment.model.family)
-    return family(deployment, "text_encoder"), family(load_deployment(BASE), "text_encoder")
+    return family(deployment, "text_encoder"), family(load_deployment(base), "text_encoder")
 
 
 def test_graphed_text_encoder_equals_eager_and_runs_only_warmed_shapes(tmp_path):
@@ -131,6 +131,17 @@ def test_graphed_text_encoder_equals_eager_and_runs_only_warmed_shapes(tmp_path)
     fast.encode_prompts(["five", "rows", "past", "the", "buckets"])   # more rows than warmed: eager
     fast.encode_prompts(["a very long prompt " * 40] * 3)              # 4 x 300 tokens: not captured
     assert runner.calls == {"compiled": 4, "eager": 2}
+
+
+def test_graphed_umt5_encoder_of_wan_equals_eager(tmp_path):
+    """Wan's UMT5 (512 tokens, called positionally with its mask) through the same graphs."""
+    fast, eager = _text_encoders(tmp_path, {"text_encoder": "cuda_graphs"}, ROOT / "configs" / "tiny-wan-t2v.toml")
+    assert fast.warm_up(text_rows=2).variants == ["2 texts", "1 texts"]
+    assert sorted(fast.stage_runner.graphs) == [(1, 32), (1, 128), (1, 512), (2, 32), (2, 128), (2, 512)]
+    for texts in (["a red cat walking"], ["", "a blue bird over the sea " * 8]):   # 32 and 128 tokens
+        torch.testing.assert_close(fast.encode_prompts(texts).embeds, eager.encode_prompts(texts).embeds,
+                                   rtol=0, atol=1e-6)
+    assert fast.stage_runner.calls == {"compiled": 2, "eager": 0}
 
 
 def test_compiled_text_encoder_equals_eager(tmp_path):
