@@ -1,8 +1,9 @@
 """Does a CUDA graph of the eager T5 encoder pay, and can it be captured? (GPU; issue 22's TTFS)
 
-    python perf/t5_graph_probe.py --out FILE [--iters 20]
+    python perf/t5_graph_probe.py --out FILE [--iters 20] [--encoder t5|umt5] [--rows 1,2,4,8] [--tokens 32,128,300]
 
-Full-size T5-v1.1-XXL encoder (PixArt-Sigma's, random weights, bf16), built directly on the GPU.
+Full-size T5-v1.1-XXL encoder (PixArt-Sigma's; `--encoder umt5`: Wan's UMT5-XXL), random weights,
+bf16, built directly on the GPU.
 For each (rows, tokens) the text_encoder stage meets (tokens: text_padding.LENGTHS and the full
 300): the eager forward's median ms, the same forward replayed from a CUDA graph captured over
 static buffers, the largest difference between the two outputs, and for a batch padded to the
@@ -21,7 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from build_full_size_random import T5_CONFIG, build_context  # noqa: E402
+from build_full_size_random import T5_CONFIG, UMT5_CONFIG, build_context  # noqa: E402
 
 from accel_probe import timed  # noqa: E402  (perf/ is this script's own folder)
 
@@ -59,14 +60,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--encoder", choices=("t5", "umt5"), default="t5")
+    parser.add_argument("--rows", default="1,2,4,8", help="comma-separated row counts")
+    parser.add_argument("--tokens", default="32,128,300", help="comma-separated token lengths (the last is full)")
     args = parser.parse_args()
-    from transformers import T5Config, T5EncoderModel
+    from transformers import T5Config, T5EncoderModel, UMT5Config, UMT5EncoderModel
+    config, model = (T5Config(**T5_CONFIG), T5EncoderModel) if args.encoder == "t5" else \
+        (UMT5Config(**UMT5_CONFIG), UMT5EncoderModel)
+    all_rows = [int(n) for n in args.rows.split(",")]
+    all_tokens = [int(n) for n in args.tokens.split(",")]
     device = torch.device("cuda")
     torch.manual_seed(0)
     start = time.perf_counter()
     with build_context(device, torch.bfloat16):
-        encoder = T5EncoderModel(T5Config(**T5_CONFIG)).eval()
-    report = {"command": " ".join(sys.argv), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+        encoder = model(config).eval()
+    report = {"command": " ".join(sys.argv), "encoder": args.encoder, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
               "attn_implementation": getattr(encoder.config, "_attn_implementation", None),
               "build_s": round(time.perf_counter() - start, 1), "rows": []}
 
@@ -83,15 +91,15 @@ def main() -> None:
         return encoder(ids, attention_mask=full)[0]
 
     with torch.inference_mode():
-        for tokens in (32, 128, 300):
-            for rows in (1, 2, 4, 8):
+        for tokens in all_tokens:
+            for rows in all_rows:
                 row = {"rows": rows, "tokens": tokens}
                 ids, mask = inputs(rows, tokens, real=min(tokens, 20), device=device)
                 eager_out = forward(ids, mask).clone()
                 row["eager_ms"] = timed(lambda: forward(ids, mask), args.iters)
                 row["eager_4d_vs_eager_max_abs"] = float((forward_4d(ids, mask) - eager_out).abs().max())
                 # the plain forward is captured only once, last: a failed capture may spoil the rest
-                last = tokens == 300 and rows == 8
+                last = tokens == all_tokens[-1] and rows == all_rows[-1]
                 for name, fn in (("graph_4d", forward_4d), *((("graph", forward),) if last else ())):
                     try:
                         replay = capture(fn, ids, mask)
