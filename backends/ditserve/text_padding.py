@@ -43,8 +43,9 @@ class TrimPadding:
                  *args, **kwargs):
         if input_ids is None or attention_mask is None or attention_mask.ndim != 2:
             return self.forward(input_ids, attention_mask, *args, **kwargs)
-        full, keep = input_ids.shape[1], trimmed_length(attention_mask)
-        if keep == full or bool(attention_mask[:, keep:].any()):   # nothing to trim, or not right-padded
+        host = attention_mask.cpu()   # one wait for the device instead of one per check below
+        full, keep = input_ids.shape[1], trimmed_length(host)
+        if keep == full or bool(host[:, keep:].any()):   # nothing to trim, or not right-padded
             return self.forward(input_ids, attention_mask, *args, **kwargs)
         out = self.forward(input_ids[:, :keep], attention_mask[:, :keep], *args, **kwargs)
         hidden = torch.nn.functional.pad(out[0], (0, 0, 0, full - keep))

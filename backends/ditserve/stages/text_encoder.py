@@ -26,6 +26,7 @@ from ..adapters.base import instance_device
 from ..faults import Subject, injector
 from ..isolation import isolating_failures
 from ..reused_text import ReusedRow
+from ..state import TextConditioning
 from ..text_padding import cut_zero_padding
 from .common import error_response, stage_deployment, warm_up
 from .metrics import counter
@@ -89,6 +90,9 @@ class TextEncoderStage:
             cond, reused = self.reused.encode(texts, self.adapter.encode_prompts)
             if reused:
                 self.reused_rows.increment(reused)
+        # On the host from here: one copy per tensor, then host work. Each wait for the device
+        # (a check's bool, a copy) waits for this process's turn on a GPU that dit keeps busy.
+        cond = TextConditioning(cond.embeds.cpu(), cond.mask.cpu(), {k: t.cpu() for k, t in cond.extra.items()})
         embeds = self.faults.at("encode", [Subject(prompt=t) for t in texts], cond.embeds)
         embeds = cut_zero_padding(embeds, cond.mask)   # dit puts the zeros back (pad_to_mask)
         finite = torch.stack([torch.isfinite(t.flatten(1)).all(dim=1) for t in (embeds, *cond.extra.values())])
@@ -99,12 +103,12 @@ class TextEncoderStage:
             if not all(finite[start:start + n]):
                 responses[i] = error_response("encode produced non-finite embeddings (NaN/inf)")
             else:
-                # CPU outputs: they feed a BLS request into the decoupled `dit`, and GPU tensors
-                # there stalled rescheduled batches on the H200 (perf/results, 2026-11-29).
+                # CPU outputs (copied above): they feed a BLS request into the decoupled `dit`, and
+                # GPU tensors there stalled rescheduled batches on the H200 (perf/results, 2026-11-29).
                 rows = slice(start, start + n)
-                tensors = {name: t[rows].to(self.adapter.dtype).reshape(*shape, *t.shape[1:]).cpu()
+                tensors = {name: t[rows].to(self.adapter.dtype).reshape(*shape, *t.shape[1:])
                            for name, t in (("embeds", embeds), *cond.extra.items())}
-                tensors["mask"] = cond.mask[rows].to(torch.int64).reshape(*shape, -1).cpu()
+                tensors["mask"] = cond.mask[rows].to(torch.int64).reshape(*shape, -1)
                 responses[i] = pb_utils.InferenceResponse([to_pb(name, t) for name, t in tensors.items()])
             start += n
 
