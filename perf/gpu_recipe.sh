@@ -43,6 +43,10 @@
 #             cache directory (accel.configure_compiler), so an earlier call without cuDNN does not
 #             warm it: warm it first with a call that starts the same [accel] (e.g. the same ladder
 #             with SCHED_LOADS=0.5 SCHED_N=10 SCHED_SERVER_TIMEOUT=560), then run the ladder.
+#             Session 30: SCHED_ACCEL="text_encoder=cuda_graphs" (graphed T5, loads in ~4 s) fits any
+#             ladder; "transformer=cuda_graphs text_encoder=cuda_graphs" (no compiled T5 / VAE) fits a
+#             512px ladder in one call (first server's dit warm-up 142 s cold, the second's 29 s); keep
+#             the default row_buckets for step batching (perf/results/2026-12-04-h200-scheduler-s30.md).
 #   soak      issue 19: perf/soak.py on SOAK_DEPLOYMENT (default perf/deployments/pixart-sigma-soak-h200.toml:
 #             full-size PixArt, step + cost, capacity 16, CUDA graphs and compiled T5 / VAE decode warmed at
 #             256x256, compile cache in /tmp) with its own [accel] (SOAK_ACCEL_FROM=FILE takes FILE's, warmed
