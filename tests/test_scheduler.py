@@ -76,8 +76,8 @@ def test_measure_at_load_seeds_each_shape_for_every_size_up_to_capacity():
     """`cost` times 1..capacity copies of each shape's state after one untimed forward of each
     size, and then needs no guess: with batching that gains nothing it steps one request from the
     first round (unseeded, a size above the largest measured one looks free and gets tried).
-    The curve is timed twice and each size keeps its fastest: a first sweep slowed by another
-    stage warming on the same GPU does not set it."""
+    The curve is timed until a sweep is no faster than the last, each size keeping its fastest:
+    a first sweep slowed by another stage warming on the same GPU does not set it."""
     @dataclass
     class Shape:
         compat_key: tuple
@@ -93,14 +93,40 @@ def test_measure_at_load_seeds_each_shape_for_every_size_up_to_capacity():
     scheduler = StepScheduler("cost")
     scheduler.measure(time_forward, [Shape(GROUP), Shape(("64x64", False))], capacity=3)
     assert sorted(set(timed)) == sorted((key, n) for key in (GROUP, ("64x64", False)) for n in (1, 2, 3))
-    assert len(timed) == 18, "one untimed and two timed forwards (one per sweep) of each"
+    assert len(timed) == 24, "one untimed forward of each, and three sweeps: slow, faster, no faster"
     assert [scheduler.model.estimate(GROUP, n) for n in (1, 2, 3)] == pytest.approx([0.05, 0.1, 0.15])
     assert scheduler.policy.choose(candidates([10, 10]), scheduler.model) == {"r0"}
     unseeded = model_of({1: 0.05})
     assert CostPolicy().choose(candidates([10, 10]), unseeded) == {"r0", "r1"}, "size 2 tried once, unseeded"
     scheduler = StepScheduler("all")
     scheduler.measure(time_forward, [Shape(GROUP)], capacity=3)
-    assert len(timed) == 18 and not scheduler.model.curves, "`all` measures nothing"
+    assert len(timed) == 24 and not scheduler.model.curves, "`all` measures nothing"
+
+
+@pytest.mark.parametrize("slowdowns, sweeps", [
+    ([1.0, 1.0], 2),                   # nothing else on the GPU: two sweeps agree
+    ([1.05, 1.0], 2),                  # within 10 %: noise, not contention
+    ([2.0, 1.5, 1.0, 1.0], 4),         # contention fading over three sweeps
+    ([2.0, 2.0], 2),                   # contention through both sweeps: not told apart
+    ([3.0, 2.0, 1.5, 1.2, 1.0], 4),    # at most four sweeps
+])
+def test_the_profile_sweeps_until_it_stops_getting_faster(slowdowns, sweeps):
+    @dataclass
+    class Shape:
+        compat_key: tuple
+    timed = []
+
+    def time_forward(states: list) -> float:   # 50 ms per request, each sweep slowed by its factor
+        timed.append(len(states))
+        nth = timed.count(len(states)) - 2   # 0: the first timed sweep (-1: the untimed forward)
+        return 0.05 * len(states) * (slowdowns[min(nth, len(slowdowns) - 1)] if nth >= 0 else 3.0)
+
+    scheduler = StepScheduler("cost")
+    scheduler.measure(time_forward, [Shape(GROUP)], capacity=3)
+    assert len(timed) == 3 * (1 + sweeps)
+    fastest = min(slowdowns[:sweeps])
+    estimates = [scheduler.model.estimate(GROUP, n) for n in (1, 2, 3)]
+    assert estimates == pytest.approx([0.05 * fastest * n for n in (1, 2, 3)])
 
 
 def test_a_profiled_group_learns_one_level_for_every_size():

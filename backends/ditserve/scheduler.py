@@ -388,26 +388,32 @@ class StepScheduler:
                 self.arrivals.add(c.group, now - c.waited, c.total)
         return self.policy.choose(candidates, self.model, self.arrivals.per_second(now))
 
-    def measure(self, time_forward: Callable[[list], float], states: list, capacity: int, sweeps: int = 2) -> None:
+    def measure(self, time_forward: Callable[[list], float], states: list, capacity: int,
+                max_sweeps: int = 4, agree: float = 0.1) -> None:
         """Profile the cost curve at load: forwards of 1..`capacity` copies of each of `states`
         (engine.RequestState, one per shape), one untimed (a new batch size's first forward
         allocates and picks kernels: 150 ms against 108 for the next size on the H200), then the
-        whole curve timed `sweeps` times, each size keeping its fastest. The other stages load
-        beside dit and share its GPU: a graphed T5 captures for ~4 s, which on the H200 slowed a
-        single 512px sweep's small sizes ~2x (perf/results/2026-12-04-h200-s30); a later sweep
-        runs after it. Spikes left are cut by the curve's monotone envelope (CostModel.profile).
-        Forwards timed under load are lengthened by the other stages' GPU work, all sizes
-        alike: the live timings then set the curve's level, not its shape (CostModel), and no
-        size is guessed before it is tried."""
+        whole curve timed again and again, each size keeping its fastest, until a sweep is no
+        more than `agree` faster than the fastest so far at every size (at least two sweeps, at
+        most `max_sweeps`). The other stages load beside dit and share its GPU: a graphed T5 captures
+        for ~4 s, which on the H200 slowed a single 512px sweep's small sizes ~2x
+        (perf/results/2026-12-04-h200-s30); sweeps go on until they stop getting faster. Spikes
+        left are cut by the curve's monotone envelope (CostModel.profile). Forwards timed under
+        load are lengthened by the other stages' GPU work, all sizes alike: the live timings then
+        set the curve's level, not its shape (CostModel), and no size is guessed before it is tried."""
         if self.kind != "cost":
             return
+        sizes = range(1, capacity + 1)
         for state in states:
-            for size in range(1, capacity + 1):
+            for size in sizes:
                 time_forward([state] * size)
-            curve: dict[int, float] = {}
-            for _ in range(sweeps):
-                for size in range(1, capacity + 1):
-                    curve[size] = min(curve.get(size, float("inf")), time_forward([state] * size))
+            curve = {size: time_forward([state] * size) for size in sizes}
+            for _ in range(max_sweeps - 1):
+                sweep = {size: time_forward([state] * size) for size in sizes}
+                settled = all(sweep[size] * (1 + agree) >= curve[size] for size in sizes)   # no faster
+                curve = {size: min(curve[size], sweep[size]) for size in sizes}
+                if settled:
+                    break
             self.model.profile(state.compat_key, curve)
 
     def observe(self, timings: list[tuple[tuple, int, ForwardTimer]]) -> None:
