@@ -347,12 +347,15 @@ class GraphedEncoder(Warmable):
     def __call__(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
                  *args, **kwargs):
         from transformers.modeling_outputs import BaseModelOutput
-        plain = not args and not kwargs and input_ids is not None and attention_mask is not None
-        bucket = row_bucket(self.buckets, input_ids.shape[0]) if plain and attention_mask.ndim == 2 else None
-        key = (bucket, input_ids.shape[1]) if bucket is not None and bucket * input_ids.shape[1] <= GRAPH_TOKENS \
-            else None
+        key = None   # (row bucket, tokens) of a call a graph can take
+        if not args and not kwargs and input_ids is not None and attention_mask is not None \
+                and attention_mask.ndim == 2:
+            rows, tokens = input_ids.shape
+            bucket = row_bucket(self.buckets, rows)
+            if bucket is not None and bucket * tokens <= GRAPH_TOKENS:
+                key = (bucket, tokens)
         if self._warming and key is not None and key not in self.graphs:
-            padded = [pad_rows(input_ids, bucket), pad_rows(attention_mask, bucket)]
+            padded = [pad_rows(input_ids, key[0]), pad_rows(attention_mask, key[0])]
             self.graphs[key] = BucketGraph(self._run, padded, self.pool, capture=self.pool is not None)
         if not self._warming:
             self.calls["compiled" if key in self.graphs else "eager"] += 1
@@ -365,7 +368,6 @@ class GraphedEncoder(Warmable):
         meta = torch.empty(*ids.shape, 1, dtype=self.encoder.dtype, device=ids.device)  # shape, dtype, device only
         full = self.expand_mask(self.encoder.config, meta, mask, allow_is_bidirectional_skip=False)
         return self.eager(ids, attention_mask=full)[0]
-
 
 
 def graph_encoder(encoder: torch.nn.Module, device: torch.device) -> GraphedEncoder:
