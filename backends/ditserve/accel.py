@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from .deployment import AccelSection
+from .deployment import AccelSection, doublings
 from .state import TextConditioning
 
 # Enough compiled variants for every bucket and warm shape of a deployment; past dynamo's
@@ -134,7 +134,6 @@ class WarmCompiled(Warmable):
         else:
             self.calls["compiled"] += 1
         return out
-
 
 
 def pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
@@ -338,11 +337,8 @@ class GraphedEncoder(Warmable):
     def warm_rows(self, max_rows: int) -> list[int]:
         """Set the row buckets (powers of two up to `max_rows`, the most rows an execute encodes)
         and return them largest first, the order to warm them in (its pool then serves the rest)."""
-        buckets = [1]
-        while buckets[-1] < max_rows:
-            buckets.append(buckets[-1] * 2)
-        self.buckets = tuple(buckets)
-        return buckets[::-1]
+        self.buckets = doublings(1, max_rows)
+        return list(self.buckets[::-1])
 
     def __call__(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
                  *args, **kwargs):

@@ -141,6 +141,14 @@ SCHEDULER_STEP_ACCEL = ("batched", "per_request")
 ATTENTION_ACCEL = ("default", "cudnn")
 
 
+def doublings(first: int, upto: int) -> tuple[int, ...]:
+    """first, 2 x first, 4 x first, ... up to the first value >= `upto` (row buckets)."""
+    out = [first]
+    while out[-1] < upto:
+        out.append(out[-1] * 2)
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class AccelSection:
     """How the forwards run (ditserve/accel.py). All off by default: eager PyTorch, as diffusers.
@@ -190,10 +198,7 @@ class AccelSection:
         """Row buckets, ascending; the default covers a full batch with CFG (2 x capacity rows)."""
         if self.row_buckets:
             return tuple(sorted(self.row_buckets))
-        buckets = [2]   # a lone row runs as 2: dynamo compiles a batch of 1 apart from all others
-        while buckets[-1] < 2 * capacity:
-            buckets.append(buckets[-1] * 2)
-        return tuple(buckets)
+        return doublings(2, 2 * capacity)   # a lone row runs as 2: dynamo compiles a batch of 1 apart from all others
 
     def sizes(self, video: bool) -> list[tuple[int, int, int]]:
         """warm_sizes as (frames, height, width); frames = 1 for images."""

@@ -395,12 +395,12 @@ class StepScheduler:
         allocates and picks kernels: 150 ms against 108 for the next size on the H200), then the
         whole curve timed again and again, each size keeping its fastest, until a sweep is no
         more than `agree` faster than the fastest so far at every size (at least two sweeps, at
-        most `max_sweeps`). The other stages load beside dit and share its GPU: a graphed T5 captures
-        for ~4 s, which on the H200 slowed a single 512px sweep's small sizes ~2x
-        (perf/results/2026-12-04-h200-s30); sweeps go on until they stop getting faster. Spikes
-        left are cut by the curve's monotone envelope (CostModel.profile). Forwards timed under
-        load are lengthened by the other stages' GPU work, all sizes alike: the live timings then
-        set the curve's level, not its shape (CostModel), and no size is guessed before it is tried."""
+        most `max_sweeps`). The other stages load beside dit and share its GPU: a graphed T5
+        captures for ~4 s, which on the H200 slowed a single 512px sweep's small sizes ~2x
+        (perf/results/2026-12-04-h200-s30). Spikes left are cut by the curve's monotone envelope
+        (CostModel.profile). Forwards timed under load are lengthened by the other stages' GPU
+        work, all sizes alike: the live timings then set the curve's level, not its shape
+        (CostModel), and no size is guessed before it is tried."""
         if self.kind != "cost":
             return
         sizes = range(1, capacity + 1)
