@@ -119,6 +119,13 @@ def scrape(metrics_url: str) -> dict[tuple[str, str], float]:
     return samples
 
 
+def stage_calls(server, model: str) -> tuple[float, float]:
+    """(compiled or graphed, eager) calls of `model`'s [accel] forward that requests made."""
+    metrics = scrape(server.metrics_url)
+    return (metrics.get(("ditserve_stage_compiled_calls_total", model), 0.0),
+            metrics.get(("ditserve_stage_eager_calls_total", model), 0.0))
+
+
 def delta_of(before: dict, after: dict, default_model: str):
     """delta(name, model=default_model): how much a metric moved between two scrapes (0 where absent)."""
     def delta(name: str, model: str = default_model) -> float:

@@ -19,7 +19,7 @@ from conftest import ROOT, TINY_PIXART, diffusers_image, rendered_server, serve
 from ditserve.accel import TransformerRunner, pad_rows
 from ditserve.client import DitClient, GenerationRequest
 from ditserve.deployment import AccelSection, load_deployment, parse_accel_overrides, write_variant
-from helpers import StreamCall, assert_matches, run_staggered, scrape, wait_for_metric
+from helpers import StreamCall, assert_matches, run_staggered, scrape, stage_calls, wait_for_metric
 from test_step_batching import assert_each_streamed_and_matches
 
 BASE = ROOT / "configs" / "tiny-pixart-sigma.toml"
@@ -56,11 +56,13 @@ def test_warm_up_ran_at_load(accel_server):
 @pytest.mark.parametrize("protocol", ["grpc", "grpc-stream"])
 def test_warm_shape_runs_compiled_and_matches_diffusers(accel_server, diffusers_pixart, protocol):
     compiled, eager = _forwards(accel_server)
+    graphed, eager_text = stage_calls(accel_server, "text_encoder")
     request = GenerationRequest("a photo of a red cat", seed=42, num_inference_steps=8, guidance_scale=4.5)
     with DitClient(accel_server.grpc_url, protocol) as client:
         result = client.generate(request)
     assert_matches(result.media, diffusers_image(diffusers_pixart, request.prompt, 42, 8, 4.5))
     assert _forwards(accel_server) == (compiled + 8, eager)
+    assert stage_calls(accel_server, "text_encoder") == (graphed + 1, eager_text)   # the T5 from its graphs
 
 
 def test_other_shape_runs_eager_and_matches(accel_server, diffusers_pixart):
@@ -107,10 +109,12 @@ def test_compiled_vae_decode_equals_eager(tmp_path):
 
 
 def _text_encoders(tmp_path, accel: dict, base=BASE):
+    """(the text encoder with `accel`, the eager one) of `base`'s family."""
     from ditserve.adapters import adapter_for
     deployment = write_variant(base, tmp_path / "text.toml", {}, "test", accel=accel)
+    eager = write_variant(base, tmp_path / "eager.toml", {}, "test", accel={"text_encoder": "eager"})
     family = adapter_for(deployment.model.family)
-    return family(deployment, "text_encoder"), family(load_deployment(base), "text_encoder")
+    return family(deployment, "text_encoder"), family(eager, "text_encoder")
 
 
 def test_graphed_text_encoder_equals_eager_and_runs_only_warmed_shapes(tmp_path):

@@ -18,7 +18,7 @@ from tritonclient.utils import InferenceServerException
 from conftest import diffusers_video
 from ditserve.client import DitClient, GenerationRequest
 from ditserve.media import decode_mp4
-from helpers import assert_matches, cancel_mid_denoise, grpc_inputs, run_staggered_batched, scrape
+from helpers import assert_matches, cancel_mid_denoise, grpc_inputs, run_staggered_batched, scrape, stage_calls
 
 LUMA_TOLERANCE = 4.0   # mean |luma| levels after an MP4 round trip (measured 2.8 on the tiny model)
 STREAM = "txt2vid_stream"
@@ -31,12 +31,15 @@ def video(prompt: str, **kwargs) -> GenerationRequest:
 @pytest.mark.parametrize("protocol", ["http", "grpc", "grpc-stream"])
 def test_parity_with_diffusers_on_every_protocol(wan_server, diffusers_wan, protocol):
     url = wan_server.http_url if protocol == "http" else wan_server.grpc_url
+    graphed, eager = stage_calls(wan_server, "text_encoder")
     request = video("waves rolling onto a beach", seed=7, num_inference_steps=6, guidance_scale=5.0)
     with DitClient(url, protocol, task="txt2vid") as client:
         result = client.generate(request)
     assert result.media.shape == (9, 64, 64, 3) and result.seed == 7
     assert result.steps_reported == (6 if protocol == "grpc-stream" else 0)
     assert_matches(result.media, diffusers_video(diffusers_wan, request.prompt, 7, 6, 5.0, 9))
+    # the deployment's [accel] text_encoder = "cuda_graphs": UMT5 ran from its graphs
+    assert stage_calls(wan_server, "text_encoder") == (graphed + 1, eager)
 
 
 def test_parity_without_cfg_and_at_another_shape(wan_server, diffusers_wan):

@@ -29,6 +29,20 @@ def counter(name: str, help_text: str, model: str):
     return _family(name, help_text, pb_utils.MetricFamily.COUNTER).Metric(labels={"model": model})
 
 
+class RunningTotal:
+    """A counter fed from a total kept elsewhere (a runner's call counts, the adapter's cache
+    hits): each `update` adds what the total gained since the last one. `seen`: what it held
+    before serving (the load's own calls), which is not counted."""
+
+    def __init__(self, metric, seen: int = 0):
+        self.metric, self.seen = metric, seen
+
+    def update(self, total: int) -> None:
+        if total > self.seen:
+            self.metric.increment(total - self.seen)
+            self.seen = total
+
+
 class Gauge:
     """A gauge that is sent to Triton only when its value changes: every metric call is an IPC
     round trip to the server process (~0.07 ms on the 2-core host), and dit sets its gauges at
@@ -78,28 +92,26 @@ class DitMetrics:
         self.scheduler_waits = counter("ditserve_scheduler_waits_total",
                                        "Ready generations the step scheduler rescheduled without a step "
                                        "(one per generation per execute; always 0 with scheduler \"all\")", model)
-        self.compiled = counter("ditserve_compiled_forwards_total",
-                                "Transformer forwards run compiled / graph-captured (warm shapes)", model)
-        self.eager = counter("ditserve_eager_forwards_total",
-                             "Transformer forwards run eager ([accel] off, a shape not warmed, or a batch "
-                             "with a lossy quality tier)", model)
-        self.cache_hits = counter("ditserve_cache_hits_total",
-                                  "Denoise steps a request's cache tier reused instead of running the blocks "
-                                  "after the first (input quality; 0 for lossless)", model)
-        self._counted = {"compiled": 0, "eager": 0, "cache_hits": 0, **(uncounted or {})}
+        uncounted = uncounted or {}
+        self.forwards = {
+            "compiled": RunningTotal(counter("ditserve_compiled_forwards_total",
+                                             "Transformer forwards run compiled / graph-captured (warm shapes)",
+                                             model), uncounted.get("compiled", 0)),
+            "eager": RunningTotal(counter("ditserve_eager_forwards_total",
+                                          "Transformer forwards run eager ([accel] off, a shape not warmed, or a "
+                                          "batch with a lossy quality tier)", model), uncounted.get("eager", 0))}
+        self.cache_hits = RunningTotal(counter("ditserve_cache_hits_total",
+                                               "Denoise steps a request's cache tier reused instead of running the "
+                                               "blocks after the first (input quality; 0 for lossless)", model))
 
     def count_forwards(self, calls: dict[str, int]) -> None:
         """Add what the transformer runner counted since the last call."""
-        for path, metric in (("compiled", self.compiled), ("eager", self.eager)):
-            if calls[path] > self._counted[path]:
-                metric.increment(calls[path] - self._counted[path])
-                self._counted[path] = calls[path]
+        for path, total in self.forwards.items():
+            total.update(calls[path])
 
     def count_cache_hits(self, total: int) -> None:
         """Add the adapter's cache hits since the last call."""
-        if total > self._counted["cache_hits"]:
-            self.cache_hits.increment(total - self._counted["cache_hits"])
-            self._counted["cache_hits"] = total
+        self.cache_hits.update(total)
 
 
 class GenerateMetrics:
@@ -142,3 +154,26 @@ class AccelMetrics:
                                   "Device memory reserved by the warm-up (compiled kernels, CUDA graph pools)", model)
         self.seconds.set(report.seconds)
         self.device_bytes.set(report.device_bytes)
+        self.model, self.runner, self.calls = model, None, {}
+
+    def watch(self, runner) -> None:
+        """Count the calls of the stage's [accel] forward (`runner`: the adapter's stage_runner,
+        None without one) from now on, past the load's own calls (warm-up, the reused text row, the
+        request path's warm-up): whether requests really take the compiled or graphed path."""
+        if runner is None:
+            return
+        self.runner = runner
+        self.calls = {
+            "compiled": RunningTotal(counter("ditserve_stage_compiled_calls_total",
+                                             "Calls of a stage's [accel] forward (text encoder, VAE decode) run "
+                                             "compiled or replayed from a CUDA graph", self.model),
+                                     runner.calls["compiled"]),
+            "eager": RunningTotal(counter("ditserve_stage_eager_calls_total",
+                                          "Calls of a stage's [accel] forward run eager (a shape or row count not "
+                                          "warmed, a batch past the graphs' token cap)", self.model),
+                                  runner.calls["eager"])}
+
+    def count(self) -> None:
+        """Add the calls the watched runner made since the last count (after each execute)."""
+        for path, total in self.calls.items():
+            total.update(self.runner.calls[path])

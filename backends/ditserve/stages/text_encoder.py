@@ -48,6 +48,7 @@ class TextEncoderStage:
         self.reused_rows = counter("ditserve_text_rows_reused_total",
                                    "Text rows taken from the default negative prompt's encoding at load instead "
                                    "of encoded again", args["model_name"])
+        self.accel_metrics.watch(self.adapter.stage_runner)
 
     def execute(self, requests):
         responses: list = [None] * len(requests)
@@ -58,6 +59,7 @@ class TextEncoderStage:
             except ValueError as exc:  # text_encoder is reachable directly, not only through txt2img
                 responses[i] = error_response(str(exc), pb_utils.TritonError.INVALID_ARG)
         self._encode(items, responses)
+        self.accel_metrics.count()
         return responses
 
     def _texts(self, request) -> tuple[tuple[int, ...], list[str]]:

@@ -29,6 +29,7 @@ class VaeDecodeStage:
         self.accel_metrics = warm_up(self.adapter, args["model_name"])
         self.faults = injector(self.deployment, "vae_decode")
         warm_request_path(args["model_name"], self._warm_request_path)
+        self.accel_metrics.watch(self.adapter.stage_runner)
 
     def _warm_request_path(self) -> None:
         """A decode through the batch path (media to the host, response) per warm size, with no
@@ -47,6 +48,7 @@ class VaeDecodeStage:
             else:
                 items.append((i, latents))
         self._decode(items, responses)
+        self.accel_metrics.count()
         return responses
 
     def _check(self, latents: torch.Tensor) -> str | None:
