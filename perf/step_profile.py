@@ -15,6 +15,14 @@ dit adapter, `--warm` steps, then `--iters` timed steps, each CUDA-synchronised:
   batched_vs_per_request_max_abs  the two paths' latents after one step from the same state
   eager_forward_ms, forward_speedup, forward_rel_rms_vs_eager   with --accel: the eager forward
               on the same inputs, and the accelerated output's relative RMS error against it
+  loop_ms, loop_ms_waiting  per step, `--iters` engine steps back to back as dit's burst runs them
+              (synchronised only before and after, `--loop-host-ms` of host work between steps
+              standing in for progress responses and the scheduler's pick): as the engine queues
+              them, and with a wait for the device after each step's forward (what a blocking
+              host-to-device copy of the CFG scales did until 2026-12-04: the host could not queue
+              the next step while the GPU ran this one)
+  middle_step_waits  whether a middle step (not a request's first or last) waited for the device:
+              run under torch's sync debug mode "error" (CUDA only; None on a CPU)
 <path> is `per_request` (each request's own scheduler.step) and, where ditserve/batched_step.py
 covers the deployment's scheduler, `batched` (one solve for the group): both run in the same process.
 Issue 23 asks this before vectorising: the answer says whether the per-request scheduler step
@@ -60,6 +68,47 @@ def timed(fn, iters: int) -> float:
     return round(statistics.median(out), 3)
 
 
+def middle_step_waits(engine: StepEngine, keys: list[str]) -> bool | None:
+    """Whether one engine step in the middle of its requests' schedules made the host wait for the
+    device (torch's sync debug mode raises on a blocking copy or `.item()`); None without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        engine.step(keys)
+        return False
+    except RuntimeError as exc:
+        print(f"[step_profile] a middle step waited for the device: {exc}", flush=True)
+        return True
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
+def looped(engine: StepEngine, keys: list[str], iters: int, host_s: float, wait: bool) -> float:
+    """Mean ms per step of `iters` back-to-back engine steps, `host_s` of host work after each;
+    with `wait`, the host also waits for each step's forward before its CFG and scheduler step."""
+    adapter = engine.adapter
+    denoise = adapter.denoise
+
+    def waiting(states):
+        outputs = denoise(states)
+        sync()
+        return outputs
+    if wait:
+        adapter.denoise = waiting
+    try:
+        sync()
+        start = time.perf_counter()
+        for _ in range(iters):
+            engine.step(keys)
+            time.sleep(host_s)
+        sync()
+        return round((time.perf_counter() - start) * 1000 / iters, 3)
+    finally:
+        if wait:
+            del adapter.denoise   # the class's method again
+
+
 def _fresh(scheduler):
     """A copy to step from a saved state: `step` replaces tensors but edits its history lists in place."""
     clone = copy.copy(scheduler)
@@ -77,6 +126,8 @@ def main() -> int:
     ap.add_argument("--accel", nargs="*", default=[])
     ap.add_argument("--warm", type=int, default=3)
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--loop-host-ms", type=float, default=2.0,
+                    help="host work between the looped steps (dit's progress responses and pick)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     height, width = (int(v) for v in args.size.split("x"))
@@ -94,7 +145,7 @@ def main() -> int:
     for batch in batches:
         engine = StepEngine(adapter)
         for i in range(batch):
-            steps = 20 + args.warm + args.iters * len(modes) + 5
+            steps = 20 + args.warm + args.iters * (len(modes) + 2) + 5
             params = GenerationParams("p", "", height, width, steps, 4.5, i)
             cond = adapter.example_conditioning(params)
             cond.embeds, cond.mask = torch.randn(2, length, dim, dtype=adapter.dtype), torch.ones(2, length, dtype=torch.int64)
@@ -117,6 +168,10 @@ def main() -> int:
         for mode in modes:
             row[f"step_ms_{mode}"] = round(statistics.median(step_ms[mode]), 3)
             row[f"outside_denoise_ms_{mode}"] = round(statistics.median(outside_ms[mode]), 3)
+        adapter.solver = solver
+        row["middle_step_waits"] = middle_step_waits(engine, keys)
+        for label, wait in (("loop_ms", False), ("loop_ms_waiting", True)):
+            row[label] = looped(engine, keys, args.iters, args.loop_host_ms / 1000, wait)
         states = [engine.table[k] for k in keys]
         latents = torch.cat([torch.cat([s.latents] * 2) for s in states])
         timesteps = torch.cat([s.timestep.reshape(1).expand(2) for s in states]).to(adapter.device)

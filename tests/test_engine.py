@@ -88,6 +88,24 @@ def test_a_step_is_confirmed_at_the_next_step_and_the_last_at_once(engine):
     engine.release("c")
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the host queues ahead of a CUDA device only")
+def test_a_middle_step_queues_without_waiting_for_the_device(engine):
+    """A step that is neither a request's first nor its last must not wait for the GPU: a blocking
+    copy (the CFG scales were one until 2026-12-04) or `.item()` holds the host until this step's
+    forward ends, so the next step cannot be queued while the GPU runs this one."""
+    _admit(engine, "g1", _params(1, steps=6, guidance=4.5))
+    _admit(engine, "g2", _params(2, steps=6, guidance=7.0))
+    engine.step(["g1", "g2"])   # the first step is checked at once (time to first step)
+    engine.step(["g1", "g2"])
+    torch.cuda.set_sync_debug_mode("error")   # raises on any synchronising call
+    try:
+        engine.step(["g1", "g2"])
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    engine.release("g1")
+    engine.release("g2")
+
+
 def test_a_non_finite_step_is_reported_by_its_own_number(engine):
     _admit(engine, "nan", _params(1, steps=4))
     _admit(engine, "ok", _params(2, steps=4))

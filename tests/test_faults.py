@@ -251,6 +251,7 @@ def _run_fault_case(server, peer_reference, prompt, height, protocol, timeout_us
     assert delta("ditserve_requests_completed_total", "txt2img") == 0
     assert not list(cancel_root(server.process.pid).glob("*")), "no cancellation flag left behind"
     assert not list(handoff_root(server.process.pid).glob("*")), "no handed-over conditioning left behind"
+    assert not list(handoff_root(server.process.pid, kind="incoming").glob("*")), "no arrival announcement left"
     with grpcclient.InferenceServerClient(server.grpc_url) as health:
         assert health.is_server_ready() and all(health.is_model_ready(m) for m in
                                                   ("txt2img", "txt2img_stream", "text_encoder", "dit", "vae_decode"))

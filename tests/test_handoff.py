@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from ditserve.handoff import ConditioningStore, HostTensor
+from ditserve.handoff import Arrivals, ConditioningStore, HostTensor
 
 
 def host(tensor: torch.Tensor) -> HostTensor:
@@ -69,3 +69,42 @@ def test_a_host_tensor_must_match_its_dtype_and_shape():
         HostTensor("F8", (1,), b"\0")
     with pytest.raises(ValueError, match="expected a batch of one, got shape \\[2, 3\\]"):
         HostTensor("U8", (2, 3), b"\0" * 6).without_batch()
+
+
+def test_an_announced_generation_is_pending_until_withdrawn_and_a_stale_one_never(tmp_path):
+    arrivals = Arrivals(tmp_path / "incoming")
+    assert not arrivals.pending()
+    arrivals.announce("gen-3")
+    assert arrivals.pending()
+    arrivals.discard("gen-3")
+    arrivals.discard("gen-3")
+    assert not arrivals.pending()
+    arrivals.announce("dead-writer")   # its public model died between announcing and withdrawing
+    past = time.time() - Arrivals.MAX_AGE_S - 1
+    os.utime(arrivals.root / "dead-writer", (past, past))
+    assert not arrivals.pending(), "a stale announcement must not hold dit's steps"
+    assert arrivals.collect_garbage(Arrivals.MAX_AGE_S) == 1
+
+
+def test_a_hold_lasts_until_the_handover_the_idle_device_or_the_withdrawal(tmp_path):
+    """dit holds its next step only while all three hold: a generation is announced, nothing was
+    handed over yet, and the device still runs queued work."""
+    arrivals = Arrivals(tmp_path / "incoming")
+    polls = []
+
+    def busy_for(n: int):   # a device that finishes its queued work at the n-th poll
+        polls.clear()
+        return lambda: polls.append(1) or len(polls) < n
+
+    assert not arrivals.hold(busy_for(9), lambda: False), "nothing announced: no hold"
+    arrivals.announce("gen-4")
+    assert not arrivals.hold(lambda: False, lambda: False), "an idle device is never held for"
+    assert arrivals.hold(busy_for(9), lambda: len(polls) >= 3) and len(polls) == 3, "ends at the handover"
+    assert arrivals.hold(busy_for(4), lambda: False) and len(polls) == 4, "ends when the device is idle"
+    device = busy_for(9)
+
+    def withdrawn_at_the_third_poll():
+        if len(polls) == 2:
+            arrivals.discard("gen-4")
+        return device()
+    assert arrivals.hold(withdrawn_at_the_third_poll, lambda: False) and len(polls) == 3, "ends when withdrawn"

@@ -100,6 +100,7 @@ class StepEngine:
         self.adapter = adapter
         self.faults = faults or FaultInjector()
         self.table: dict[str, RequestState] = {}
+        self.queued: torch.cuda.Event | None = None   # recorded after the last step's work (CUDA only)
 
     def __contains__(self, key: str) -> bool:
         return key in self.table
@@ -141,6 +142,7 @@ class StepEngine:
             checks = StepChecks(entries)
             for state, _, _ in entries:
                 state.unchecked = checks
+            self.queued = checks.ready
         self._read_checks(keys, previous, report)
         report.forwards, report.seconds = len(report.batch_sizes), time.monotonic() - start
         return report
@@ -204,6 +206,11 @@ class StepEngine:
             latents_ok = _rows_finite([state.latents for state, _ in stepped])
             for (state, _), output_ok, latent_ok in zip(stepped, outputs_ok, latents_ok):
                 entries.append((state, (steps[state.key], batch), (output_ok, latent_ok)))
+
+    def device_busy(self) -> bool:
+        """Whether the device is still running a step queued here (never on a CPU, where a step
+        returns when its work is done)."""
+        return self.queued is not None and not self.queued.query()
 
     def time_forward(self, states: list[RequestState]) -> float:
         """Seconds of one forward over `states` as a step runs it (injected faults included),

@@ -34,7 +34,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -85,9 +85,9 @@ def serialize(tensors: Mapping[str, HostTensor], metadata: Mapping[str, str] | N
     return [struct.pack("<Q", len(text)), text, *(t.data for t in tensors.values())]
 
 
-def default_root(server_pid: int | None = None, pipeline: str | None = None) -> Path:
+def default_root(server_pid: int | None = None, pipeline: str | None = None, kind: str = "handoff") -> Path:
     base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
-    return pipeline_dir(base, "handoff", pipeline, server_pid)
+    return pipeline_dir(base, kind, pipeline, server_pid)
 
 
 @dataclass
@@ -137,3 +137,45 @@ class ConditioningStore(GenerationFiles):
                            f"was cancelled first, or it was collected after the idle timeout)") from None
         path.unlink(missing_ok=True)
         return handover
+
+
+class Arrivals(GenerationFiles):
+    """Generations on their way to dit: an empty file per generation, announced by the public
+    model before it encodes the prompt and withdrawn once it has handed the conditioning over (or
+    ended first). While one is announced and the device still runs the step dit queued last, dit
+    holds its next step: if the conditioning is handed over meanwhile, the newcomer joins that
+    step instead of waiting behind it (docs/scheduler.md, "A step held for an arrival")."""
+
+    # An announcement older than this is a writer's that died between announcing and withdrawing:
+    # ignored (and collected with the other scratch files), so it cannot hold dit's steps for good.
+    MAX_AGE_S = 10.0
+
+    def __init__(self, root: Path | None = None, pipeline: str | None = None):
+        super().__init__(root or default_root(pipeline=pipeline, kind="incoming"))
+
+    def announce(self, key: str) -> None:
+        self._path(key).touch()
+
+    def pending(self) -> bool:
+        """Whether a generation is announced and not yet handed over (one directory scan)."""
+        oldest = time.time() - self.MAX_AGE_S
+        try:
+            with os.scandir(self.root) as entries:
+                for entry in entries:
+                    try:
+                        if entry.stat().st_mtime > oldest:
+                            return True
+                    except FileNotFoundError:   # withdrawn meanwhile
+                        continue
+        except FileNotFoundError:
+            return False
+        return False
+
+    def hold(self, device_busy: Callable[[], bool], handed_over: Callable[[], bool], poll_s: float = 0.0002) -> bool:
+        """Wait while a generation is announced, none has been handed over and the device still
+        runs queued work; whether it waited at all (dit then holds its next step)."""
+        held = False
+        while device_busy() and not handed_over() and self.pending():
+            held = True
+            time.sleep(poll_s)
+        return held

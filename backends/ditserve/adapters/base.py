@@ -320,7 +320,10 @@ class FamilyAdapter(ABC):
         if not states[0].params.do_cfg:   # one compat key: all states guide alike
             return list(out.split(1))
         # CFG over the batch at once, rows [negative, prompt] per request, each with its own scale.
-        scales = torch.tensor([self.guidance_scale(s) for s in states], dtype=torch.float32, device=out.device)
+        # Copied without blocking: a blocking host-to-device copy waits for the stream, i.e. for
+        # this forward, and the host could not queue the next step while the GPU runs this one.
+        scales = torch.tensor([self.guidance_scale(s) for s in states], dtype=torch.float32)
+        scales = scales.to(out.device, non_blocking=True)
         return list(self.guide(out[0::2], out[1::2], scales.view(-1, *[1] * (out.ndim - 1))).split(1))
 
     def batch_inputs(self, states: list[RequestState]) -> tuple[torch.Tensor, torch.Tensor, TextConditioning]:

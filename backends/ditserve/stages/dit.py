@@ -28,7 +28,7 @@ from ..adapters.base import instance_device
 from ..cancellation import CancelRegistry
 from ..engine import StepEngine
 from ..faults import injector
-from ..handoff import ConditioningStore
+from ..handoff import Arrivals, ConditioningStore
 from ..schema import GenerationParams, check_params
 from ..scheduler import StepScheduler
 from ..scratch import sweep_dead_servers, sweep_orphan_shm_regions
@@ -88,6 +88,7 @@ class DitStage:
         pipeline = stage_names(model_config).pipeline
         self.cancels = CancelRegistry(pipeline=pipeline)
         self.handoff = ConditioningStore(pipeline=pipeline)
+        self.arrivals = Arrivals(pipeline=pipeline)
         for files in (self.cancels, self.handoff):   # what killed servers left (their dit never finalized)
             if swept := sweep_dead_servers(files.top.parent):
                 pb_utils.Logger.log_info(f"{args['model_name']}: removed {len(swept)} scratch folder(s) of servers "
@@ -158,6 +159,8 @@ class DitStage:
         picks again before every step, from all of them, as it would in the next execute; the
         ones it passes over wait here instead of in Triton's queue."""
         for _ in range(self.deployment.engine.steps_per_execute):
+            if self._hold_for_arrival(len(active)):
+                return
             # The scheduler picks who steps; the rest keep their state and stay unstepped.
             chosen = self.scheduler.select([self.engine.table[key] for key, _ in active])
             if len(chosen) < len(active):
@@ -167,6 +170,22 @@ class DitStage:
             if len(going_on) < len(active) or self._others_waiting(len(active)):
                 return
             active = going_on
+
+    def _hold_for_arrival(self, stepping: int) -> bool:
+        """Whether to return before queueing the next step, so that a generation on its way joins it.
+
+        The host queues each step while the GPU still runs the one before (engine.py), so a
+        newcomer handed over during step k would find step k+1 queued already and wait for both.
+        While a public model has announced a generation (it is being encoded: handoff.Arrivals)
+        and a slot is free, the next step is held until the conditioning arrives (True: return,
+        Triton hands the request back with the others and it joins the next step) or until the
+        device has run out of queued work (False: step now; the GPU idles a poll at most)."""
+        if len(self.engine) >= self.deployment.engine.capacity:
+            return False
+        if not self.arrivals.hold(self.engine.device_busy, self.handoff.waiting):
+            return False
+        self.metrics.arrival_holds.increment(1)
+        return self._others_waiting(stepping)
 
     def _others_waiting(self, stepping: int) -> bool:
         """Whether a generation that is not in this execute could step next: one admitted earlier
@@ -290,6 +309,7 @@ class DitStage:
             self.metrics.garbage.increment(1)
         self.cancels.collect_garbage(idle)
         self.handoff.collect_garbage(idle)
+        self.arrivals.collect_garbage(idle)
         self.metrics.state_table.set(len(self.engine))
 
     def finalize(self) -> None:
@@ -299,3 +319,4 @@ class DitStage:
         self.engine.table.clear()
         self.cancels.remove_all()
         self.handoff.remove_all()
+        self.arrivals.remove_all()

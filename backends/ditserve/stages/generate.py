@@ -37,7 +37,7 @@ import triton_python_backend_utils as pb_utils
 from ..cancellation import CancelRegistry
 from ..deployment import FAMILY_TEXT_CONDITIONING, TASK_CONDITIONING, Deployment
 from ..faults import Subject, injector
-from ..handoff import ConditioningStore, HostTensor
+from ..handoff import Arrivals, ConditioningStore, HostTensor
 from ..schema import IMAGE_INPUT, GenerationParams, InvalidRequest, decode_image, decode_request, request_inputs
 from .common import (TensorSpec, ended_if_cancelled, error_response, input_numpy, media_dims,
                      requested_outputs, stage_deployment, stage_names, utf8_text)
@@ -163,6 +163,7 @@ class GenerateStage:
         self.streaming = pb_utils.using_decoupled_model_transaction_policy(model_config)
         self.cancels = CancelRegistry(pipeline=self.names.pipeline)
         self.handoff = ConditioningStore(pipeline=self.names.pipeline)
+        self.arrivals = Arrivals(pipeline=self.names.pipeline)
         self.metrics = GenerateMetrics(args["model_name"])
         self.model_name = args["model_name"]
         self.faults = injector(self.deployment, self.model_name)
@@ -181,6 +182,8 @@ class GenerateStage:
         key = uuid.uuid4().hex
         self.handoff.put(key, {"embeds": HostTensor.from_numpy(np.zeros((1, 1), dtype=np.float32))})
         self.handoff.discard(key)   # only dit reads hand-offs (with torch, which this stub does not load)
+        self.arrivals.announce(key)
+        self.arrivals.discard(key)
         self._params_tensor(params)
         media = np.zeros((*(params.num_frames,) * self.deployment.is_video, params.height, params.width, 3),
                          dtype=np.uint8)
@@ -251,11 +254,16 @@ class GenerateStage:
         if conditioned:
             decode_image(input_numpy(request, "image"), self.deployment)
         deadline = Deadline(request, arrival)
-        conditioning = self._timed("encode", self._encode, request, deadline, params)
-        if conditioned:
-            conditioning.update(self._timed("condition", self._condition, request, deadline, request, params))
-        latents, hits = self._timed("denoise", self._denoise, request, deadline, request, params, conditioning,
-                                    on_progress, arrival, deadline)
+        dit_id = uuid.uuid4().hex
+        self.arrivals.announce(dit_id)   # dit may hold its next step for this generation (handoff.Arrivals)
+        try:
+            conditioning = self._timed("encode", self._encode, request, deadline, params)
+            if conditioned:
+                conditioning.update(self._timed("condition", self._condition, request, deadline, request, params))
+            latents, hits = self._timed("denoise", self._denoise, request, deadline, request, params, dit_id,
+                                        conditioning, on_progress, arrival, deadline)
+        finally:
+            self.arrivals.discard(dit_id)   # handed over by now, or ended before
         media = self._timed("decode", self._decode, request, deadline, latents)
         outputs = [without_batch(media_output(self.deployment), media), without_batch("cache_hits", hits)]
         if params.output_format == "mp4":
@@ -310,12 +318,12 @@ class GenerateStage:
         value = np.array([params.to_json().encode()], dtype=np.object_)
         return pb_utils.Tensor("params", value[None] if batched else value)
 
-    def _denoise(self, request, params: GenerationParams, conditioning: dict[str, HostTensor],
+    def _denoise(self, request, params: GenerationParams, dit_id: str, conditioning: dict[str, HostTensor],
                  on_progress: Callable | None, arrival: float, deadline: Deadline):
         """dit's final latents and cache hits. Hands the conditioning to dit out of band (handoff.py: dit gets the same request
         back at every step, and with it any input it carries), then run the denoise loop."""
-        dit_id = uuid.uuid4().hex
         self.handoff.put(dit_id, conditioning)
+        self.arrivals.discard(dit_id)   # handed over: dit stops holding steps for it
         try:
             return self._stream_dit(request, params, dit_id, on_progress, arrival, deadline)
         finally:

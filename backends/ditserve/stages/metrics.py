@@ -92,6 +92,9 @@ class DitMetrics:
         self.scheduler_waits = counter("ditserve_scheduler_waits_total",
                                        "Ready generations the step scheduler rescheduled without a step "
                                        "(one per generation per execute; always 0 with scheduler \"all\")", model)
+        self.arrival_holds = counter("ditserve_step_holds_total",
+                                     "Steps dit held back while the GPU ran the one before, because a generation "
+                                     "was being encoded and could join them (step mode)", model)
         uncounted = uncounted or {}
         self.forwards = {
             "compiled": RunningTotal(counter("ditserve_compiled_forwards_total",
