@@ -8,6 +8,7 @@ stage never sees the prompt), so one start covers them all.
 """
 from __future__ import annotations
 
+import time
 
 import pytest
 import torch
@@ -272,3 +273,21 @@ def test_no_decode_runs_for_a_request_that_failed_in_dit(fault_server):
     assert after[("nv_inference_count", "vae_decode")] == before[("nv_inference_count", "vae_decode")]
     assert after.get(("nv_inference_request_failure", "vae_decode"), 0) == \
         before.get(("nv_inference_request_failure", "vae_decode"), 0)
+
+
+def test_a_generation_is_announced_to_dit_while_it_is_encoded(fault_server):
+    """The public model announces a generation before its encode (dit may hold a step for it:
+    handoff.Arrivals) and withdraws it once the conditioning is handed over: a 1.5 s encode is
+    seen announced, and nothing is left once the image is back."""
+    incoming = handoff_root(fault_server.process.pid, kind="incoming")
+    call = StreamCall(fault_server.grpc_url, GenerationRequest("#encode-sleep a cat", seed=2,
+                                                               num_inference_steps=2)).start()
+    deadline = time.monotonic() + 1.2   # inside the encode's 1.5 s sleep
+    announced = []
+    while not announced and time.monotonic() < deadline:
+        announced = list(incoming.glob("*"))
+        time.sleep(0.01)
+    kind, _ = call.outcome()
+    assert len(announced) == 1, "the encoding generation was not announced"
+    assert kind == "image"
+    assert not list(incoming.glob("*")), "the announcement outlived the hand-over"
