@@ -157,7 +157,8 @@ class DitStage:
         steps_per_execute`) while the next execute would hold the same generations: each step
         that stays here saves the round trip through Triton's sequence batcher. The scheduler
         picks again before every step, from all of them, as it would in the next execute; the
-        ones it passes over wait here instead of in Triton's queue."""
+        ones it passes over wait here instead of in Triton's queue. Before each step it may hold
+        for a generation that is being encoded (`_hold_for_arrival`)."""
         for _ in range(self.deployment.engine.steps_per_execute):
             if self._hold_for_arrival(len(active)):
                 return
