@@ -84,6 +84,9 @@ def test_an_announced_generation_is_pending_until_withdrawn_and_a_stale_one_neve
     os.utime(arrivals.root / "dead-writer", (past, past))
     assert not arrivals.pending(), "a stale announcement must not hold dit's steps"
     assert arrivals.collect_garbage(Arrivals.MAX_AGE_S) == 1
+    arrivals.remove_all()   # dit unloaded; a public model still serving announces again
+    arrivals.announce("gen-5")
+    assert arrivals.pending()
 
 
 def test_a_hold_lasts_until_the_handover_the_idle_device_or_the_withdrawal(tmp_path):

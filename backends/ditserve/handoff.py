@@ -154,7 +154,9 @@ class Arrivals(GenerationFiles):
         super().__init__(root or default_root(pipeline=pipeline, kind="incoming"))
 
     def announce(self, key: str) -> None:
-        self._path(key).touch()
+        path = self._path(key)
+        self.root.mkdir(parents=True, exist_ok=True)   # dit removes the folder when it unloads
+        path.touch()
 
     def pending(self) -> bool:
         """Whether a generation is announced and not yet handed over (one directory scan)."""
