@@ -798,6 +798,9 @@ async def run(cfg: LoadgenConfig) -> dict:
         if shapes:
             _log(cfg, f"solo latency: {len(shapes)} shape(s) x {cfg.solo_repeats}, one request at a time (excluded)")
         solo_raw: dict[str, list[float]] = {}
+        # The server's view of the solo requests (stage and step times): where a lone request's
+        # time goes, to compare modes whose solo latencies differ.
+        solo_before = scrape(cfg.metrics_url) if cfg.metrics_url and shapes else None
         for _ in range(max(1, cfg.solo_repeats) if shapes else 0):
             for key, entry in shapes.items():
                 (rec,), _ = await run_entries(cfg.url, [{**entry, "t": 0.0}], None, cfg.timeout_s, model=cfg.model)
@@ -807,6 +810,8 @@ async def run(cfg: LoadgenConfig) -> dict:
         report["solo_latency_ms"] = solo
         report["solo_repeats"] = cfg.solo_repeats
         report["solo_known_shapes"] = sorted(known)
+        if solo_before is not None:
+            report["solo_server"] = server_summary(solo_before, scrape(cfg.metrics_url), cfg.model)
 
     before = scrape(cfg.metrics_url) if cfg.metrics_url else None
     records: list[Record] = []
@@ -873,6 +878,10 @@ def format_summary(r: dict) -> str:
     if "mean_step_batch_size" in r:
         lines.append(f"server: mean step batch {f(r['mean_step_batch_size'], 2)}, stages ms {r['stage_mean_ms']}, "
                      f"ttfs {f(r['server_mean_ttfs_ms'])} ms = {r.get('ttfs_split_ms')}")
+    if "solo_server" in r:
+        solo = r["solo_server"]
+        lines.append(f"server, solo requests: stages ms {solo['stage_mean_ms']}, mean step "
+                     f"{f(solo['mean_step_duration_ms'])} ms over {solo['step_batches']} forwards")
     return "\n".join(lines)
 
 

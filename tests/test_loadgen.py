@@ -76,6 +76,9 @@ def test_loadgen_smoke_against_server(server):
     assert report["mean_e2el_ms"] > 0 and report["mean_ttfs_ms"] <= report["mean_e2el_ms"]
     assert set(report["solo_latency_ms"]) == {"64x64-5steps-cfg"}  # the cancelled shape has no solo run needed
     assert report["mean_step_batch_size"] >= 1 and report["stage_mean_ms"]["denoise"] > 0
+    solo = report["solo_server"]   # the lone request's own stage and step times, apart from the run's
+    assert solo["server_completed"] == 1 and solo["step_batches"] == 5 and solo["mean_step_batch_size"] == 1, solo
+    assert 0 < solo["stage_mean_ms"]["denoise"] < report["solo_latency_ms"]["64x64-5steps-cfg"], solo
     histogram = report["step_batch_size_histogram"]
     assert sum(histogram.values()) == report["step_batches"] and all(n >= 0 for n in histogram.values()), histogram
     assert report["server_rss_mb_peak"] > 0
