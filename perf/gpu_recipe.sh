@@ -611,7 +611,9 @@ stage_scheduler() {
     [[ -n "${SCHED_LOADS:-}" ]] && load=(--load-fractions "$SCHED_LOADS" --saturation-seconds "${SCHED_SAT_S:-30}")
     [[ -n "${SCHED_LOADS:-}" && -n "${SCHED_SAT_RPS:-}" ]] && load+=(--saturation-rps "$SCHED_SAT_RPS")
     [[ -n "${SCHED_ACCEL:-}" ]] && accel=(--accel $SCHED_ACCEL)
-    "$PY" perf/matched_control.py --deployment "$DEPLOYMENT" --modes "$modes" --compare "${modes##*,}" \
+    # The verdict holds the first mode that is not request_batch against request batching, in either order.
+    local compare; compare=$(tr ',' '\n' <<<"$modes" | grep -vx request_batch | head -1)
+    "$PY" perf/matched_control.py --deployment "$DEPLOYMENT" --modes "$modes" --compare "${compare:-step}" \
         --capacity "${SCHED_CAPACITY:-16}" "${load[@]}" "${accel[@]}" --num-requests "${SCHED_N:-40}" \
         --sizes "${SCHED_SIZES:-512,768,1024}" --steps "${SCHED_STEPS:-4,30}" --guidance "${SCHED_GUIDANCE:-1.0,4.5}" \
         --seed 22 --server-timeout "${SCHED_SERVER_TIMEOUT:-300}" --solo-repeats "${SCHED_SOLO_REPEATS:-3}" \
