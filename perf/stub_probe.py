@@ -12,6 +12,8 @@ What runs, the same code in both places, one after the other on one GPU:
   stub         `execute` of a one-model Python-backend server (launcher.TritonServer), and with
                --idle-stubs N again beside N idle stubs that hold a CUDA context each
   standalone   this process again, to bracket drift
+  --busy N     this process while N other processes spin on the CPU (busy neighbours)
+  --stub-runs R  R fresh servers per stub variant (one stub's speed against the next one's)
 Each place measures:
   python_loop_ms   a pure-Python loop (interpreter speed)
   launch_ms        2000 tiny CUDA kernels queued by the host (launch cost; host time, synced)
@@ -25,15 +27,18 @@ switch interval, gc thresholds, torch's threads, and the environment variables t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import textwrap
 import time
 from pathlib import Path
+from typing import Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV_KEYS = ("OMP_NUM_THREADS", "LD_PRELOAD", "PYTHONMALLOC", "CUDA_LAUNCH_BLOCKING", "PYTORCH_CUDA_ALLOC_CONF",
@@ -45,7 +50,10 @@ def facts() -> dict:
     import torch
     with open("/proc/self/maps") as f:
         libpython = sorted({line.split()[-1] for line in f if "libpython" in line})
+    with open("/proc/self/stat") as f:
+        last_cpu = int(f.read().rsplit(")", 1)[1].split()[36])   # field 39, `processor`
     return {"executable": sys.executable, "libpython": libpython, "cpus": len(os.sched_getaffinity(0)),
+            "last_cpu": last_cpu, "load_average": os.getloadavg(),
             "nice": os.nice(0), "threads": len(os.listdir("/proc/self/task")),
             "switch_interval_s": sys.getswitchinterval(), "gc_threshold": gc.get_threshold(),
             "torch_threads": torch.get_num_threads(), "env": {k: os.environ.get(k) for k in ENV_KEYS}}
@@ -194,6 +202,20 @@ def in_stub(deployment: str, size: str, iters: int, idle_stubs: int, workdir: Pa
     return json.loads(result)
 
 
+@contextlib.contextmanager
+def spinning(processes: int) -> Iterator[None]:
+    """`processes` Python processes busy-looping on the CPU for the duration."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)]
+    try:
+        time.sleep(1.0)   # started and spinning
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+        for proc in procs:
+            proc.wait()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--deployment", required=True)
@@ -202,27 +224,41 @@ def main() -> int:
     ap.add_argument("--idle-stubs", type=int, default=0,
                     help="also run the probe beside this many idle stubs that hold a CUDA context, as a "
                          "served deployment's other stages and public models do")
+    ap.add_argument("--stub-runs", type=int, default=1,
+                    help="fresh servers per stub variant: how much one server's stub differs from the next")
+    ap.add_argument("--busy", default="",
+                    help="comma-separated counts of processes that spin on the CPU while the standalone probe "
+                         "runs again (e.g. 8,15): what busy neighbours (a served deployment's other "
+                         "processes) cost a launch-bound forward")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     probe = Probe(args.deployment, args.size)
     runs = {"standalone_before": probe.run(args.iters)}
     print("[stub_probe] standalone:", json.dumps(runs["standalone_before"]), flush=True)
     places = []
-    for idle in sorted({0, args.idle_stubs}):
-        place = f"stub_with_{idle}_idle_stubs"
-        runs[place] = in_stub(args.deployment, args.size, args.iters, idle, Path(tempfile.mkdtemp(prefix="stub_probe.")))
+    for busy in (int(n) for n in args.busy.split(",") if n):
+        place = f"standalone_with_{busy}_busy"
+        with spinning(busy):
+            runs[place] = probe.run(args.iters)
         print(f"[stub_probe] {place}:", json.dumps(runs[place]), flush=True)
         places.append(place)
+    for idle in sorted({0, args.idle_stubs}):
+        for run in range(args.stub_runs):
+            place = f"stub_with_{idle}_idle_stubs" + (f"_run{run + 1}" if args.stub_runs > 1 else "")
+            runs[place] = in_stub(args.deployment, args.size, args.iters, idle,
+                                  Path(tempfile.mkdtemp(prefix="stub_probe.")))
+            print(f"[stub_probe] {place}:", json.dumps(runs[place]), flush=True)
+            places.append(place)
     runs["standalone_after"] = probe.run(args.iters)
     print("[stub_probe] standalone again:", json.dumps(runs["standalone_after"]), flush=True)
     ratios = {}
-    for place in places:
+    for place in places:   # against the mean of the two standalone runs that bracket them
         ratios[place] = {k: round(v / statistics.mean([runs["standalone_before"][k], runs["standalone_after"][k]]), 3)
                          for k, v in runs[place].items() if "_ms" in k and k in runs["standalone_before"]}
     report = {"command": " ".join(sys.argv), "size": args.size, "deployment": args.deployment,
-              "stub_over_standalone": ratios, "runs": runs}
+              "over_standalone": ratios, "runs": runs}
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    print("[stub_probe] stub / standalone:", json.dumps(ratios), flush=True)
+    print("[stub_probe] over standalone:", json.dumps(ratios), flush=True)
     return 0
 
 
