@@ -25,8 +25,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "scripts"), str(ROOT / "backends")]
 from build_full_size_random import T5_CONFIG, UMT5_CONFIG, build_context  # noqa: E402
+from ditserve.accel import BucketGraph, graph_encoder  # noqa: E402
 
 from accel_probe import timed  # noqa: E402  (perf/ is this script's own folder)
 
@@ -42,22 +44,10 @@ def inputs(rows: int, tokens: int, real: int, device: torch.device) -> tuple[tor
 
 
 def capture(forward, ids: torch.Tensor, mask: torch.Tensor):
-    static = [ids.clone(), mask.clone()]
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        forward(*static)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = forward(*static)
-
-    def replay(new_ids: torch.Tensor, new_mask: torch.Tensor) -> torch.Tensor:
-        static[0].copy_(new_ids)
-        static[1].copy_(new_mask)
-        graph.replay()
-        return out
-    return replay
+    """`forward(ids, mask)` replayed from one CUDA graph over static buffers (the served
+    `accel.BucketGraph`: fewer rows than captured are padded by repeating the last)."""
+    graph = BucketGraph(lambda static: forward(*static), [ids, mask], pool=None)
+    return lambda new_ids, new_mask: graph([new_ids, new_mask])
 
 
 def main() -> None:
@@ -117,8 +107,8 @@ def main() -> None:
                         if rows > 1:   # rows - 1 real rows padded to `rows` by repeating the last
                             few_ids, few_mask = ids[:rows - 1], mask[:rows - 1]
                             few_eager = forward(few_ids, few_mask)
-                            padded = replay(torch.cat([few_ids, few_ids[-1:]]), torch.cat([few_mask, few_mask[-1:]]))
-                            row[f"{name}_padded_vs_eager_max_abs"] = float((padded[:rows - 1] - few_eager).abs().max())
+                            padded = replay(few_ids, few_mask)   # padded to the captured rows by the graph
+                            row[f"{name}_padded_vs_eager_max_abs"] = float((padded - few_eager).abs().max())
                     except Exception as exc:   # what stops a capture is the finding
                         row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:600]
                         row[f"{name}_trace"] = traceback.format_exc()[-1500:]
@@ -130,9 +120,6 @@ def main() -> None:
 
 def served(encoder, all_rows: list[int], all_tokens: list[int], device: torch.device, args, report: dict) -> None:
     """The text_encoder stage's path: graph_encoder in front of the forward, warmed, then called."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "backends"))
-    from ditserve.accel import graph_encoder
-
     runner = graph_encoder(encoder, device)
     start = time.perf_counter()
     with torch.inference_mode():
