@@ -61,8 +61,9 @@ DEFAULT_TRACE = "perf/traces/tiny_mixed_v1.jsonl"
 def write_mode_deployment(base: Path, mode: str, capacity: int | None, out: Path,
                           accel: dict | None = None, in_flight: int = 0) -> tuple[Path, int]:
     """The base deployment with [engine] mode (and capacity, in_flight, and [accel] keys) replaced;
-    returns (path, capacity). `mode` may name a step scheduler too: `step:cost` = mode "step", scheduler "cost"."""
-    mode, _, scheduler = mode.partition(":")
+    returns (path, capacity). `mode` may name a step scheduler too: `step:cost` = mode "step", scheduler "cost";
+    a `#N` suffix (`step:cost#2`) names another server of the same mode (server-to-server spread)."""
+    mode, _, scheduler = mode.partition("#")[0].partition(":")
     if mode not in ENGINE_MODES or (scheduler and scheduler not in SCHEDULERS):
         raise SystemExit(f"unknown mode {mode!r}; choose from {ENGINE_MODES}, or step:<scheduler> with a "
                          f"scheduler of {SCHEDULERS}")
@@ -107,7 +108,7 @@ def run_mode(mode: str, args, traces: dict[str, list[dict]], source: str, work: 
     With `saturation` (a dict to fill, `--load-fractions`), the closed-loop saturation is measured
     on this server first and `traces` is filled from it (the first mode only; later modes replay
     the same traces)."""
-    label = mode.replace(":", "-")   # step:cost -> step-cost in file names
+    label = mode.replace(":", "-").replace("#", "-")   # step:cost#2 -> step-cost-2 in file names
     deployment, capacity = write_mode_deployment(Path(args.deployment).resolve(), mode, args.capacity,
                                                  work / f"deployment-{label}.toml", accel, args.in_flight)
     repo = work / f"repository-{label}"
@@ -460,7 +461,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--deployment", default="configs/tiny-pixart-sigma.toml", help="base deployment TOML")
     p.add_argument("--modes", default="request_batch,step",
                    help="comma-separated engine modes, run in this order; step:cost = step mode with "
-                        "[engine] scheduler = \"cost\"")
+                        "[engine] scheduler = \"cost\"; a #N suffix runs another server of a mode "
+                        "(request_batch,step:cost,request_batch#2,step:cost#2: how much two servers of "
+                        "one mode differ)")
     p.add_argument("--compare", default="step", help="the mode the verdict holds against request_batch "
                                                      "(default step; e.g. step:cost)")
     p.add_argument("--capacity", type=int, default=None, help="override [engine] capacity (default: the base's)")

@@ -126,6 +126,10 @@ def test_matched_control_mode_can_name_a_step_scheduler(tmp_path):
     assert (engine.mode, engine.scheduler) == ("step", "cost")
     with pytest.raises(SystemExit, match="step:<scheduler>"):
         matched_control.write_mode_deployment(base, "step:fast", None, tmp_path / "bad.toml")
+    # `#N` names a second server of the same mode (two servers' spread), nothing else.
+    path, _ = matched_control.write_mode_deployment(base, "step:cost#2", None, tmp_path / "again.toml")
+    engine = load_deployment(path).engine
+    assert (engine.mode, engine.scheduler) == ("step", "cost")
 
 
 def test_load_ladder_draws_one_trace_per_fraction_of_saturation():
