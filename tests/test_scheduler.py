@@ -11,7 +11,7 @@ import torch
 from conftest import ROOT
 from ditserve.deployment import load_deployment
 from ditserve.scheduler import (ArrivalRate, Candidate, CostModel, CostPolicy, ForwardTimer, StepScheduler,
-                                completions, expected_latency_cost)
+                                completions, expected_latency_cost, profile_sizes)
 
 GROUP = ("64x64", True)
 # H200 PixArt-Sigma forward times (DESIGN.md, 2026-12-01) in requests with CFG (2 rows each), seconds.
@@ -101,6 +101,27 @@ def test_measure_at_load_seeds_each_shape_for_every_size_up_to_capacity():
     scheduler = StepScheduler("all")
     scheduler.measure(time_forward, [Shape(GROUP)], capacity=3)
     assert len(timed) == 24 and not scheduler.model.curves, "`all` measures nothing"
+
+
+def test_the_profile_times_doublings_and_their_midpoints_and_is_linear_between_them():
+    """At capacity 16 the profile times 1, 2, 3, 4, 6, 8, 12, 16 (a size the others leave out is
+    interpolated: on the H200's curves within 11 % of its own timing)."""
+    @dataclass
+    class Shape:
+        compat_key: tuple
+    timed = []
+
+    def time_forward(states: list) -> float:   # 20 ms flat up to 4 requests, then 10 ms more each
+        timed.append(len(states))
+        return 0.02 + 0.01 * max(0, len(states) - 4)
+
+    scheduler = StepScheduler("cost")
+    scheduler.measure(time_forward, [Shape(GROUP)], capacity=16)
+    assert sorted(set(timed)) == profile_sizes(16) == [1, 2, 3, 4, 6, 8, 12, 16]
+    assert scheduler.model.estimate(GROUP, 5) == pytest.approx(0.03)    # halfway between 4 and 6
+    assert scheduler.model.estimate(GROUP, 10) == pytest.approx(0.08)   # and between 8 and 12
+    assert profile_sizes(1) == [1] and profile_sizes(3) == [1, 2, 3]
+    assert profile_sizes(20) == [1, 2, 3, 4, 6, 8, 12, 16, 20], "the capacity is always timed"
 
 
 @pytest.mark.parametrize("slowdowns, sweeps", [

@@ -91,8 +91,8 @@ class CostModel:
     looks cheap (simulated in perf/sched_sim.py --timing-noise; on the H200 at 1024px `cost`
     batched requests that cost no less together, 2026-12-02).
 
-    A group profiled at load (`profile`: forwards of 1..capacity requests, timed while no request
-    ran) keeps that curve's shape and learns its level: one factor per group, the same low
+    A group profiled at load (`profile`: forwards of 1..capacity requests at `profile_sizes`, timed
+    while no request ran) keeps that curve's shape and learns its level: one factor per group, the same low
     quantile of observed / profiled time over every size. Load stretches all sizes alike;
     learning each size apart would leave the sizes seldom run at their uncontended profile,
     cheaper than the sizes run often (perf/sched_sim.py --measure-at-load: that made `cost`
@@ -363,6 +363,22 @@ class CostPolicy:
         return chosen
 
 
+def profile_sizes(capacity: int) -> list[int]:
+    """The batch sizes the profile times: 1, 2, 3, 4, 6, 8, 12, 16, 24, ... (each doubling and the
+    point halfway to the next) and `capacity`. On the H200's at-load curves of sessions 31-33
+    (every size of 1..16 timed) the line between these is within 11 % of every size, and `cost`
+    chose the same requests from the line in 89-100 % of random ready sets, where 1, 2, 4, 8, 16
+    alone gave 84-100 % (perf/results/2026-12-04-cpu-profile-sizes.md). It times 52 request-forwards a sweep at
+    capacity 16, not 136: a 6-group profile took 27.5 s instead of 64.0 on the CPU host's H200
+    emulation. A size in between meets its first forward (which allocates and picks kernels)
+    while serving."""
+    sizes, size = {capacity}, 1
+    while size < capacity:
+        sizes.update({size, size + size // 2} if size > 1 else {1})
+        size *= 2
+    return sorted(s for s in sizes if s <= capacity)
+
+
 class StepScheduler:
     """The stage's scheduler: the policy and its cost model."""
 
@@ -390,12 +406,12 @@ class StepScheduler:
 
     def measure(self, time_forward: Callable[[list], float], states: list, capacity: int,
                 max_sweeps: int = 4, agree: float = 0.1) -> None:
-        """Profile the cost curve at load: forwards of 1..`capacity` copies of each of `states`
-        (engine.RequestState, one per shape), one untimed (a new batch size's first forward
-        allocates and picks kernels: 150 ms against 108 for the next size on the H200), then the
-        whole curve timed again and again, each size keeping its fastest, until a sweep is no
-        more than `agree` faster than the fastest so far at every size (at least two sweeps, at
-        most `max_sweeps`). The other stages load beside dit and share its GPU: a graphed T5
+        """Profile the cost curve at load: forwards of `profile_sizes(capacity)` copies of each of
+        `states` (engine.RequestState, one per shape), one untimed (a new batch size's first
+        forward allocates and picks kernels: 150 ms against 108 for the next size on the H200),
+        then the whole curve timed again and again, each size keeping its fastest, until a sweep is
+        no more than `agree` faster than the fastest so far at every size (at least two sweeps, at
+        most `max_sweeps`). Sizes between the profiled ones are linear between them. The other stages load beside dit and share its GPU: a graphed T5
         captures for ~4 s, which on the H200 slowed a single 512px sweep's small sizes ~2x
         (perf/results/2026-12-04-h200-s30). Spikes left are cut by the curve's monotone envelope
         (CostModel.profile). Forwards timed under load are lengthened by the other stages' GPU
@@ -403,7 +419,7 @@ class StepScheduler:
         (CostModel), and no size is guessed before it is tried."""
         if self.kind != "cost":
             return
-        sizes = range(1, capacity + 1)
+        sizes = profile_sizes(capacity)
         for state in states:
             for size in sizes:
                 time_forward([state] * size)
