@@ -193,7 +193,7 @@ def in_stub(deployment: str, size: str, iters: int, idle_stubs: int, workdir: Pa
     http_port, grpc_port, metrics_port = free_ports(3)
     server = TritonServer(ServerOptions(model_repository=repo, http_port=http_port, grpc_port=grpc_port,
                                         metrics_port=metrics_port), log_path=workdir / "server.log")
-    with server.start():
+    with server:   # __enter__ starts it
         server.wait_ready(timeout_s=600, progress=True)
         client = grpc.InferenceServerClient(server.grpc_url)
         value = grpc.InferInput("iters", [1], "INT32")

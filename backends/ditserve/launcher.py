@@ -235,6 +235,11 @@ class TritonServer:
         ]
 
     def start(self) -> "TritonServer":
+        if self.process and self.process.poll() is None:
+            # A second start would lose the first process (it keeps the ports and serves on,
+            # unreaped): `with server.start():` did that, as `__enter__` starts too.
+            raise RuntimeError(f"tritonserver is already running (pid {self.process.pid}); use either "
+                               "`with TritonServer(...) as server:` or `server.start()`, not both")
         self.stop_requested = False
         env = {**server_env(self.options.deployment, self.options.malloc), **self.options.env}
         out = open(self.log_path, "w") if self.log_path else None

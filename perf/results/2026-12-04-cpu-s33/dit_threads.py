@@ -22,7 +22,7 @@ for mode in sys.argv[1:]:
     matched_control.render_repository(dep, work / "repo")
     h, g, m = free_ports(3)
     srv = TritonServer(ServerOptions(model_repository=work / "repo", http_port=h, grpc_port=g, metrics_port=m, deployment=str(dep)), log_path=work / "log")
-    with srv.start():
+    with srv:   # __enter__ starts it
         srv.wait_ready(timeout_s=300)
         dit = [p for p in srv.stub_pids() if b"/dit/" in Path(f"/proc/{p}/cmdline").read_bytes()][0]
         c = DitClient(srv.grpc_url, protocol="grpc-stream"); c.generate(GenerationRequest("w", num_inference_steps=5, seed=1))

@@ -13,7 +13,7 @@ matched_control.render_repository(dep, work / "repo")
 h, g, m = free_ports(3)
 srv = TritonServer(ServerOptions(model_repository=work / "repo", http_port=h, grpc_port=g, metrics_port=m, deployment=str(dep)),
                    log_path=work / "log")
-with srv.start():
+with srv:   # __enter__ starts it
     srv.wait_ready(timeout_s=900)
 line = [ln for ln in (work / "log").read_text().splitlines() if "cost curve measured at load" in ln][-1]
 print(re.search(r"measured at load in [0-9.]+ s", line).group(0), "|", line.split("requests):", 1)[1][:400])
