@@ -45,12 +45,11 @@ def test_parity_with_diffusers_across_the_expert_boundary(wan22_server, wan22_pi
 
 def test_staggered_videos_straddling_the_boundary_and_of_mixed_sizes_match_diffusers(wan22_server, wan22_pipe):
     """The second request joins the first mid-denoise. The first has 400 steps (the deployment's
-    max_steps), so it runs the high-noise expert for about its first third (~130 steps: 300 left
-    the second too late once, on a loaded 2-core host) and is still running when the second (16
-    steps: 6 high-noise, then low-noise) joins, however late: they share an expert for some steps, and
-    unless the second joins before the first's boundary their rows need different experts in one
-    step batch (the adapter test shows the split forwards). The third is another size and runs
-    without CFG."""
+    max_steps), so it runs the high-noise expert for about its first third (~130 steps) and is
+    still running when the second (16 steps: 6 high-noise, then low-noise) joins, however late:
+    they share an expert for some steps, and unless the second joins before the first's boundary
+    their rows need different experts in one step batch (the adapter test shows the split
+    forwards). The third is another size and runs without CFG."""
     requests = [GenerationRequest("a red car", seed=11, num_inference_steps=400, guidance_scale=5.0, num_frames=9),
                 GenerationRequest("a blue sea", negative_prompt="dark", seed=22, num_inference_steps=16,
                                   guidance_scale=3.0, num_frames=9),
