@@ -245,9 +245,10 @@ class EarlierScheduler:
 
 def measure_at_load(scheduler, sim: Sim, entries: list[dict], sizes: set[str],
                     inflation: dict[int, float] | None = None) -> None:
-    """What dit does before READY (StepScheduler.measure): time 1..capacity requests (profile_sizes) of each shape
-    of `sizes` in the trace while no request runs, so without the load's slowdown or noise; each
-    size's time x `inflation[size]` (default 1) where the profile itself ran slow."""
+    """What dit does before READY (StepScheduler.measure): time 1..capacity requests
+    (profile_sizes) of each shape of `sizes` in the trace while no request runs, so without the
+    load's slowdown or noise; each size's time x `inflation[size]` (default 1) where the profile
+    itself ran slow."""
     shapes = sorted({shape_of(e) for e in entries if f"{e['height']}x{e['width']}" in sizes},
                     key=lambda s: (s.height, s.width, s.cfg))
     inflation = inflation or {}

@@ -40,6 +40,8 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+from step_profile import timed   # perf/ is this script's own folder (and the stub adds it)
+
 ROOT = Path(__file__).resolve().parents[1]
 ENV_KEYS = ("OMP_NUM_THREADS", "LD_PRELOAD", "PYTHONMALLOC", "CUDA_LAUNCH_BLOCKING", "PYTORCH_CUDA_ALLOC_CONF",
             "CUDA_MODULE_LOADING", "MALLOC_ARENA_MAX", "PYTHONDEVMODE")
@@ -57,15 +59,6 @@ def facts() -> dict:
             "nice": os.nice(0), "threads": len(os.listdir("/proc/self/task")),
             "switch_interval_s": sys.getswitchinterval(), "gc_threshold": gc.get_threshold(),
             "torch_threads": torch.get_num_threads(), "env": {k: os.environ.get(k) for k in ENV_KEYS}}
-
-
-def _median_ms(fn, runs: int) -> float:
-    out = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        out.append((time.perf_counter() - start) * 1000)
-    return round(statistics.median(out), 3)
 
 
 class Probe:
@@ -111,8 +104,8 @@ class Probe:
             return round(statistics.median(times), 3)
         for state in self.states.values():   # warm: first calls allocate and pick kernels
             forwards(state)
-        out = {"python_loop_ms": _median_ms(lambda: sum(i * i for i in range(200_000)), 5),
-               "launch_ms": _median_ms(self.launches, 5),
+        out = {"python_loop_ms": timed(lambda: sum(i * i for i in range(200_000)), 5),
+               "launch_ms": timed(self.launches, 5),
                "forward_ms_cfg": forwards(self.states["cfg"]),
                "forward_ms_nocfg": forwards(self.states["nocfg"])}
         return {**out, "facts": facts()}

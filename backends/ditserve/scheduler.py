@@ -91,9 +91,9 @@ class CostModel:
     looks cheap (simulated in perf/sched_sim.py --timing-noise; on the H200 at 1024px `cost`
     batched requests that cost no less together, 2026-12-02).
 
-    A group profiled at load (`profile`: forwards of 1..capacity requests at `profile_sizes`, timed
-    while no request ran) keeps that curve's shape and learns its level: one factor per group, the same low
-    quantile of observed / profiled time over every size. Load stretches all sizes alike;
+    A group profiled at load (`profile`: forwards of 1..capacity requests at `profile_sizes`,
+    timed while no request ran) keeps that curve's shape and learns its level: one factor per
+    group, the same low quantile of observed / profiled time over every size. Load stretches all sizes alike;
     learning each size apart would leave the sizes seldom run at their uncontended profile,
     cheaper than the sizes run often (perf/sched_sim.py --measure-at-load: that made `cost`
     batch 1.29 requests per forward at 1024px, against 1.05 unprofiled).
@@ -368,13 +368,13 @@ def profile_sizes(capacity: int) -> list[int]:
     point halfway to the next) and `capacity`. On the H200's at-load curves of sessions 31-33
     (every size of 1..16 timed) the line between these is within 11 % of every size, and `cost`
     chose the same requests from the line in 89-100 % of random ready sets, where 1, 2, 4, 8, 16
-    alone gave 84-100 % (perf/results/2026-12-04-cpu-profile-sizes.md). It times 52 request-forwards a sweep at
-    capacity 16, not 136: a 6-group profile took 27.5 s instead of 64.0 on the CPU host's H200
-    emulation. A size in between meets its first forward (which allocates and picks kernels)
-    while serving."""
+    alone gave 84-100 % (perf/results/2026-12-04-cpu-profile-sizes.md). It times 52
+    request-forwards a sweep at capacity 16, not 136: a 6-group profile took 27.5 s instead of
+    64.0 on the CPU host's H200 emulation. A size in between meets its first forward (which
+    allocates and picks kernels) while serving."""
     sizes, size = {capacity}, 1
     while size < capacity:
-        sizes.update({size, size + size // 2} if size > 1 else {1})
+        sizes.update({size, size + size // 2})   # 1 + 0 = 1: no midpoint below 2
         size *= 2
     return sorted(s for s in sizes if s <= capacity)
 
@@ -411,8 +411,8 @@ class StepScheduler:
         forward allocates and picks kernels: 150 ms against 108 for the next size on the H200),
         then the whole curve timed again and again, each size keeping its fastest, until a sweep is
         no more than `agree` faster than the fastest so far at every size (at least two sweeps, at
-        most `max_sweeps`). Sizes between the profiled ones are linear between them. The other stages load beside dit and share its GPU: a graphed T5
-        captures for ~4 s, which on the H200 slowed a single 512px sweep's small sizes ~2x
+        most `max_sweeps`). Sizes between the profiled ones are linear between them. The other
+        stages load beside dit and share its GPU: a graphed T5 captures for ~4 s, which on the H200 slowed a single 512px sweep's small sizes ~2x
         (perf/results/2026-12-04-h200-s30). Spikes left are cut by the curve's monotone envelope
         (CostModel.profile). Forwards timed under load are lengthened by the other stages' GPU
         work, all sizes alike: the live timings then set the curve's level, not its shape

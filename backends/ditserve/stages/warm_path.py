@@ -10,7 +10,8 @@ first launch loads it lazily). Each stage therefore runs its own request path on
                 requests of empty texts through the real execute, stub IPC and shared memory
   dit           a 2-step generation per [accel] warm size (else of the default size) through a
                 private StepEngine; with `[engine] scheduler = "cost"`, forwards of 1..capacity
-                requests (scheduler.profile_sizes) of those sizes (with and without CFG) time its cost curve
+                requests (scheduler.profile_sizes) of those sizes (with and without CFG) time
+                its cost curve
   vae_decode    a decode per warm size (else of the default size) through the stage's batch path
   generate      the hand-off store, BLS request objects and the final response
 
