@@ -31,6 +31,8 @@ from typing import Callable
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "backends"))
+
 
 def timed(fn: Callable, iters: int, warm: int = 2) -> float:
     for _ in range(warm):
@@ -46,24 +48,11 @@ def timed(fn: Callable, iters: int, warm: int = 2) -> float:
 
 
 def graphed(fn: Callable, inputs: list[torch.Tensor]) -> Callable:
-    """`fn` over static copies of `inputs` captured in one CUDA graph; the call replays it."""
-    static = [t.clone() for t in inputs]
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn(*static)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn(*static)
-
-    def replay():
-        for s, t in zip(static, inputs):
-            s.copy_(t)
-        graph.replay()
-        return out
-    return replay
+    """`fn(*inputs)` replayed from a CUDA graph, captured as dit captures its buckets
+    (ditserve.accel.BucketGraph: one run outside the capture first; each replay clones the output)."""
+    from ditserve.accel import BucketGraph
+    graph = BucketGraph(lambda static: fn(*static), inputs, pool=None)
+    return lambda: graph(inputs)
 
 
 def compiled_and_graphed(fn: Callable, x: list[torch.Tensor], reference: torch.Tensor, base_ms: float,
@@ -292,7 +281,6 @@ def main() -> int:
     # 7. FP8 ([accel] fp8 = true, ditserve/fp8.py: e4m3 weights and activations with per-row
     #    scales, torch._scaled_mm): eager, then compiled with static shapes and in a CUDA graph.
     #    Last, because it replaces the transformer's linear layers in place.
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "backends"))
     from ditserve.fp8 import apply_fp8
     fp8_compiled, replaced = torch.compile(forward, dynamic=False), 0
     for size, rows in [(1024, 2), (1024, 8), (512, 16)]:
