@@ -15,6 +15,9 @@ dit adapter, `--warm` steps, then `--iters` timed steps, each CUDA-synchronised:
   batched_vs_per_request_max_abs  the two paths' latents after one step from the same state
   eager_forward_ms, forward_speedup, forward_rel_rms_vs_eager   with --accel: the eager forward
               on the same inputs, and the accelerated output's relative RMS error against it
+  eager_forward_ms_pinned / _as_diffusers, pin_speedup   the eager forward with the attention
+              processors' signatures pinned (accel.pin_processor_signatures, as dit runs) and
+              unpinned (as plain diffusers runs), alternating, and the ratio
   loop_ms, loop_ms_waiting  per step, `--iters` engine steps back to back as dit's burst runs them
               (synchronised only before and after, `--loop-host-ms` of host work between steps
               standing in for progress responses and the scheduler's pick): as the engine queues
@@ -31,6 +34,7 @@ is worth batching.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import statistics
@@ -109,6 +113,20 @@ def looped(engine: StepEngine, keys: list[str], iters: int, host_s: float, wait:
             del adapter.denoise   # the class's method again
 
 
+@contextlib.contextmanager
+def as_diffusers(model: torch.nn.Module):
+    """Inside, the attention processors' call signatures are looked up as plain diffusers does at every
+    call: what accel.pin_processor_signatures computed once is taken off, and put back after."""
+    calls = {type(m.processor).__call__ for m in model.modules() if getattr(m, "processor", None) is not None}
+    saved = {call: call.__dict__.pop("__signature__") for call in calls
+             if "__signature__" in getattr(call, "__dict__", {})}
+    try:
+        yield
+    finally:
+        for call, sig in saved.items():
+            call.__signature__ = sig
+
+
 def _fresh(scheduler):
     """A copy to step from a saved state: `step` replaces tensors but edits its history lists in place."""
     clone = copy.copy(scheduler)
@@ -183,6 +201,14 @@ def main() -> int:
             fast, eager = adapter.run_forward(latents, timesteps, cond).float(), adapter.forward(latents, timesteps, cond).float()
             rel_rms = ((fast - eager).pow(2).mean().sqrt() / eager.pow(2).mean().sqrt()).item()
             eager_ms = timed(lambda: adapter.forward(latents, timesteps, cond), args.iters) if accel else forward_ms
+            pinned, plain = [], []
+            for _ in range(3):   # alternating, so drift hits both alike
+                pinned.append(timed(lambda: adapter.forward(latents, timesteps, cond), args.iters))
+                with as_diffusers(adapter.pipe.transformer):
+                    plain.append(timed(lambda: adapter.forward(latents, timesteps, cond), args.iters))
+        row.update({"eager_forward_ms_pinned": statistics.median(pinned),
+                    "eager_forward_ms_as_diffusers": statistics.median(plain),
+                    "pin_speedup": round(statistics.median(plain) / statistics.median(pinned), 3)})
         saved = [(copy.deepcopy(s.scheduler), s.latents.clone(), s.step_index) for s in states]
 
         def schedule() -> list[torch.Tensor]:

@@ -31,8 +31,8 @@ from typing import Callable, ClassVar
 import torch
 from diffusers.utils.torch_utils import randn_tensor
 
-from ..accel import (GraphedEncoder, TransformerRunner, WarmCompiled, WarmupReport, graph_encoder, prefer_attention,
-                     signature, warm_attribute, warming)
+from ..accel import (GraphedEncoder, TransformerRunner, WarmCompiled, WarmupReport, graph_encoder,
+                     pin_processor_signatures, prefer_attention, signature, warm_attribute, warming)
 from ..fp8 import apply_fp8
 from ..batched_step import BatchedSolver, solver_for, warn_fallback
 from ..cache import RowCache, first_block_cache
@@ -91,6 +91,9 @@ class FamilyAdapter(ABC):
         self.pipe = self.pipeline_class.from_pretrained(
             deployment.model_location(), torch_dtype=self.dtype, **skipped
         ).to(self.device)
+        for component in self.pipe.components.values():
+            if isinstance(component, torch.nn.Module):
+                pin_processor_signatures(component)
         self.check_limits(stage)
         self.stage = stage
         self.runners: dict[str, TransformerRunner] = {}   # dit: one per transformer module
