@@ -195,6 +195,38 @@ def test_video_families_warm_up_and_match_eager_in_process(tmp_path, config):
     assert fast.run_forward.calls == {"compiled": 1, "eager": 0}
 
 
+def _pixart_states(adapter, guidances=(4.5, 4.5, 7.0)):
+    """CFG requests at 64x64 with their own embeddings (3 requests: 6 rows, bucket 8)."""
+    from ditserve.schema import GenerationParams
+    generator, out = torch.Generator(), []
+    for i, guidance in enumerate(guidances):
+        params = GenerationParams(f"prompt {i}", "", 64, 64, 5, guidance, i)
+        cond = adapter.example_conditioning(params)
+        cond.embeds = torch.randn(2, *cond.embeds.shape[1:], generator=generator.manual_seed(i))
+        cond.mask = torch.ones(2, cond.mask.shape[1], dtype=torch.int64)
+        out.append(adapter.prepare(str(i), params, cond))
+    return out
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="CUDA graphs are GPU only (on a CPU the buckets run eager)"))])
+def test_eager_graphs_pad_to_warm_buckets_without_compiling_and_equal_eager(tmp_path, device):
+    """`transformer = "eager_graphs"`: diffusers' eager forward captured per row bucket (GPU) with no
+    torch.compile; on a CPU the same buckets run eager. Either way the rows equal the eager forward."""
+    from ditserve.adapters import adapter_for
+    accelerated = write_variant(BASE, tmp_path / "eager-graphs.toml", {}, "test",
+                                accel={"transformer": "eager_graphs", "warm_sizes": ["64x64"]})
+    family = adapter_for(accelerated.model.family)
+    fast, eager = family(accelerated, "dit", device), family(load_deployment(BASE), "dit", device)
+    runner = fast.run_forward
+    assert runner.compiled.compiled is runner.eager          # nothing compiled
+    assert fast.warm_up().variants[0].startswith("64x64 (8 rows")
+    assert (runner.graphs is not None) == (device == "cuda") and (not runner.graphs or len(runner.graphs) == 3)
+    for got, want in zip(fast.denoise(_pixart_states(fast)), eager.denoise(_pixart_states(eager))):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert runner.calls == {"compiled": 1, "eager": 0}
+
+
 # ---- pure logic -----------------------------------------------------------------------------
 def test_default_buckets_cover_a_full_cfg_batch():
     assert AccelSection().buckets(4) == (2, 4, 8)
@@ -251,7 +283,7 @@ def test_cudnn_attention_goes_first_in_the_sdpa_priority_and_compiles_apart(monk
 
 
 @pytest.mark.parametrize("accel, message", [
-    ({"transformer": "fast"}, "[accel] transformer='fast'; allowed: eager, compile, cuda_graphs"),
+    ({"transformer": "fast"}, "[accel] transformer='fast'; allowed: eager, compile, cuda_graphs, eager_graphs"),
     ({"vae_decode": "graphs"}, "[accel] vae_decode='graphs'; allowed: eager, compile"),
     ({"text_encoder": 1}, "[accel] text_encoder=1; allowed: eager, compile, cuda_graphs"),
     ({"fp8": "yes"}, "[accel] fp8='yes'; allowed: true, false"),

@@ -8,7 +8,7 @@ before Triton reports READY. A shape that was not warmed runs eager: the request
 compiles. Padding repeats the last real row, so padded rows are finite and are dropped.
 
 `WarmCompiled` is the one compile mechanism; `TransformerRunner` adds the buckets for dit (and,
-with `cuda_graphs`, one captured CUDA graph per bucket, `BucketGraph`), and `warm_attribute`
+with `cuda_graphs` or `eager_graphs`, one captured CUDA graph per bucket, `BucketGraph`), and `warm_attribute`
 puts it in front of the text encoder's forward and the VAE's decode. `GraphedEncoder` replays a
 T5-family text encoder's eager forward from CUDA graphs, per row bucket and token length.
 """
@@ -136,13 +136,16 @@ class WarmCompiled(Warmable):
 
     The batch dimension (dim 0 of every tensor argument) is marked dynamic so that one compile
     may serve every batch size of a shape (it does on CPU; on the H200 inductor still compiled
-    each bucket apart, perf/results/2026-12-01-h200-accel.md).
+    each bucket apart, perf/results/2026-12-01-h200-accel.md). `use_compile=False` keeps `fn` as it
+    is and only tracks the warm signatures (dit's `eager_graphs`: the runner captures `fn` itself).
     """
 
-    def __init__(self, fn: Callable, accel: AccelSection):
-        configure_compiler(accel)
+    def __init__(self, fn: Callable, accel: AccelSection, use_compile: bool = True):
         self.eager = fn
-        self.compiled = torch.compile(fn, backend=accel.compile_backend)
+        self.compiles = use_compile
+        if use_compile:
+            configure_compiler(accel)
+        self.compiled = torch.compile(fn, backend=accel.compile_backend) if use_compile else fn
         self.warm: set[tuple] = set()
         self.calls = {"compiled": 0, "eager": 0}
 
@@ -151,9 +154,10 @@ class WarmCompiled(Warmable):
         if not self._warming and sig not in self.warm:
             self.calls["eager"] += 1
             return self.eager(*args, **kwargs)
-        for _, t in _tensors(args, kwargs):
-            if t.ndim:
-                torch._dynamo.maybe_mark_dynamic(t, 0)
+        if self.compiles:
+            for _, t in _tensors(args, kwargs):
+                if t.ndim:
+                    torch._dynamo.maybe_mark_dynamic(t, 0)
         out = self.compiled(*args, **kwargs)
         if self._warming:
             self.warm.add(sig)
@@ -226,14 +230,17 @@ class BucketGraph:
 
 
 class TransformerRunner:
-    """dit's transformer forward over a step batch: eager, or compiled per row bucket."""
+    """dit's transformer forward over a step batch: eager, or compiled per row bucket, or either
+    captured per row bucket (`cuda_graphs`: compiled; `eager_graphs`: diffusers' eager kernels)."""
 
     def __init__(self, forward: Callable, accel: AccelSection, capacity: int, device: torch.device):
         self.buckets = accel.buckets(capacity)
-        self.compiled = None if accel.transformer == "eager" else WarmCompiled(forward, accel)
-        # CUDA graphs: (signature, bucket) -> its captured graph; on a CPU device, compiled only.
+        self.compiled = None if accel.transformer == "eager" else (
+            WarmCompiled(forward, accel, use_compile=accel.transformer != "eager_graphs"))
+        # CUDA graphs: (signature, bucket) -> its captured graph; on a CPU device the buckets run
+        # compiled (cuda_graphs) or eager (eager_graphs), padded as the graphs would be.
         self.graphs: dict[tuple, BucketGraph] | None = (
-            {} if accel.transformer == "cuda_graphs" and device.type == "cuda" else None)
+            {} if accel.transformer in ("cuda_graphs", "eager_graphs") and device.type == "cuda" else None)
         self.pool = torch.cuda.graph_pool_handle() if self.graphs is not None else None
         self.eager = forward
         self._warming = False
@@ -258,7 +265,7 @@ class TransformerRunner:
         for size in (reversed([b for b in self.buckets if b >= rows]) if self._warming else [bucket]):
             start = time.monotonic()
             padded = [pad_rows(t, size) for t in inputs]
-            if self.graphs is not None:   # warming: compile, then capture this bucket
+            if self.graphs is not None:   # warming: compile (unless eager_graphs), then capture this bucket
                 run = lambda static, names=names: self.compiled(*unflat_inputs(static, names))  # noqa: E731
                 self.graphs[(sig, size)] = BucketGraph(run, padded, self.pool)
                 out = self.graphs[(sig, size)](inputs)

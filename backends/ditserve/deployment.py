@@ -134,7 +134,7 @@ class EngineSection:
         return self.in_flight or self.capacity
 
 
-TRANSFORMER_ACCEL = ("eager", "compile", "cuda_graphs")
+TRANSFORMER_ACCEL = ("eager", "compile", "cuda_graphs", "eager_graphs")
 STAGE_ACCEL = ("eager", "compile")
 TEXT_ENCODER_ACCEL = ("eager", "compile", "cuda_graphs")
 SCHEDULER_STEP_ACCEL = ("batched", "per_request")
@@ -154,7 +154,9 @@ class AccelSection:
     """How the forwards run (ditserve/accel.py). All off by default: eager PyTorch, as diffusers.
 
     transformer  eager | compile (torch.compile) | cuda_graphs (torch.compile, then one CUDA
-                 graph captured per row bucket and warm shape; GPU only: compile alone on CPU)
+                 graph captured per row bucket and warm shape; GPU only: compile alone on CPU) |
+                 eager_graphs (diffusers' eager forward captured per row bucket and warm shape,
+                 no compile: loads in seconds; on CPU the same buckets run eager)
     row_buckets  a step batch of n rows (CFG: 2 per request) runs padded to the smallest bucket
                  >= n, so the compiled forward meets few shapes; empty = powers of two from 2
                  up to 2 x [engine] capacity (a lone row pads to 2: one compile then serves all)
@@ -189,10 +191,6 @@ class AccelSection:
     fp8: bool = False
     scheduler_step: str = "batched"
     attention: str = "default"
-
-    @property
-    def compiles(self) -> bool:
-        return self.transformer != "eager" or self.vae_decode != "eager" or self.text_encoder != "eager"
 
     def buckets(self, capacity: int) -> tuple[int, ...]:
         """Row buckets, ascending; the default covers a full batch with CFG (2 x capacity rows)."""
