@@ -227,6 +227,24 @@ def test_eager_graphs_pad_to_warm_buckets_without_compiling_and_equal_eager(tmp_
     assert runner.calls == {"compiled": 1, "eager": 0}
 
 
+@pytest.fixture(scope="module")
+def eager_graphs_server(tmp_path_factory):
+    deployment = tmp_path_factory.mktemp("eager-graphs") / "tiny-pixart-eager-graphs.toml"
+    write_variant(BASE, deployment, {}, "tests/test_accel.py", accel={"transformer": "eager_graphs", "warm_sizes": ["64x64"]})
+    yield from serve(rendered_server(tmp_path_factory, deployment, TINY_PIXART, "eager-graphs-server"))
+
+
+def test_eager_graphs_served_through_the_buckets_match_diffusers(eager_graphs_server, diffusers_pixart):
+    """Served with `eager_graphs` (on a CPU its buckets run eager): the warm shape goes through the
+    buckets, never the eager fallback, and the image equals plain diffusers'."""
+    request = GenerationRequest("a photo of a red cat", seed=42, num_inference_steps=8, guidance_scale=4.5)
+    with DitClient(eager_graphs_server.grpc_url, "grpc-stream") as client:
+        result = client.generate(request)
+    assert_matches(result.media, diffusers_image(diffusers_pixart, request.prompt, 42, 8, 4.5))
+    assert _forwards(eager_graphs_server) == (8.0, 0.0)
+    assert "dit: [accel] warmed 1 variant(s)" in eager_graphs_server.log_path.read_text()
+
+
 # ---- pure logic -----------------------------------------------------------------------------
 def test_default_buckets_cover_a_full_cfg_batch():
     assert AccelSection().buckets(4) == (2, 4, 8)
