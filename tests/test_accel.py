@@ -166,15 +166,17 @@ def test_graphed_text_encoder_needs_a_t5_family_encoder(tmp_path):
         adapter_for(deployment.model.family)(deployment, "text_encoder")
 
 
+@pytest.mark.parametrize("transformer", ["compile", "eager_graphs"])
 @pytest.mark.parametrize("config", ["tiny-wan-t2v.toml", "tiny-wan-i2v.toml"])
-def test_video_families_warm_up_and_match_eager_in_process(tmp_path, config):
+def test_video_families_warm_up_and_match_eager_in_process(tmp_path, config, transformer):
     """Wan T2V and I2V (image conditioning as extra graph inputs): 3 CFG requests at different
-    guidance share one compiled forward (6 rows, bucket 8) and equal the eager forward."""
+    guidance share one compiled (or, with eager_graphs on a CPU, padded eager) forward (6 rows,
+    bucket 8) and equal the eager forward."""
     from ditserve.adapters import adapter_for
     from ditserve.schema import GenerationParams
     base = ROOT / "configs" / config
     accelerated = write_variant(base, tmp_path / config, {}, "test",
-                                accel={"transformer": "compile", "compile_backend": "aot_eager", "warm_sizes": ["9x64x64"]})
+                                accel={"transformer": transformer, "compile_backend": "aot_eager", "warm_sizes": ["9x64x64"]})
     family = adapter_for(accelerated.model.family)
     fast, eager = family(accelerated, "dit"), family(load_deployment(base), "dit")
     assert fast.warm_up().variants[0].startswith("9x64x64 (8 rows")
