@@ -129,7 +129,7 @@ class FamilyAdapter(ABC):
                 runner = TransformerRunner(self.forward_for(module), accel, self.deployment.engine.capacity, self.device)
                 self.runners[module] = runner
                 if runner.graphs is not None and self.deployment.cache.tiers and self.cache_blocks is not None:
-                    # the quality tiers' segments: their blocks compiled as the lossless forward is
+                    # the quality tiers' segments: blocks compiled as the lossless forward is (eager_graphs: not)
                     blocks_backend = None if accel.transformer == "eager_graphs" else accel.compile_backend
                     self.cached_graphs[module] = CachedGraphs(self.forward_for(module), getattr(self.pipe, module),
                                                               self.cache_blocks, runner.buckets, runner.pool,
