@@ -286,6 +286,23 @@ def test_runner_pads_to_the_bucket_and_returns_the_real_rows():
     assert seen[-1] == 3 and runner.calls == {"compiled": 1, "eager": 1}
 
 
+def test_a_forward_that_cannot_be_captured_fails_the_load_naming_the_mode_and_the_way_out(monkeypatch):
+    from ditserve import accel as accel_module
+    from ditserve.state import TextConditioning
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("operation not permitted when stream is capturing")
+    monkeypatch.setattr(accel_module, "BucketGraph", refuse)
+    runner = TransformerRunner(lambda latents, timesteps, cond: latents, AccelSection(transformer="eager_graphs"),
+                               capacity=1, device=torch.device("cpu"))
+    runner.graphs = {}   # as on a GPU
+    with pytest.raises(RuntimeError) as err, runner.warming(accel_module.WarmupReport(), "4x4"):
+        runner(torch.ones(1, 4, 2, 2), torch.zeros(1), TextConditioning(torch.zeros(1, 3, 5), torch.ones(1, 3)))
+    assert ('[accel] transformer = "eager_graphs": capturing the forward of 2 rows in a CUDA graph failed '
+            "(RuntimeError: operation not permitted when stream is capturing)") in str(err.value)
+    assert 'transformer = "compile" or "eager"' in str(err.value)
+
+
 def test_cudnn_attention_goes_first_in_the_sdpa_priority_and_compiles_apart(monkeypatch, tmp_path):
     from torch.nn.attention import SDPBackend
     from ditserve import accel as accel_module

@@ -235,6 +235,7 @@ class TransformerRunner:
 
     def __init__(self, forward: Callable, accel: AccelSection, capacity: int, device: torch.device):
         self.buckets = accel.buckets(capacity)
+        self.mode = accel.transformer
         self.compiled = None if accel.transformer == "eager" else (
             WarmCompiled(forward, accel, use_compile=accel.transformer != "eager_graphs"))
         # CUDA graphs: (signature, bucket) -> its captured graph; on a CPU device the buckets run
@@ -267,7 +268,12 @@ class TransformerRunner:
             padded = [pad_rows(t, size) for t in inputs]
             if self.graphs is not None:   # warming: compile (unless eager_graphs), then capture this bucket
                 run = lambda static, names=names: self.compiled(*unflat_inputs(static, names))  # noqa: E731
-                self.graphs[(sig, size)] = BucketGraph(run, padded, self.pool)
+                try:
+                    self.graphs[(sig, size)] = BucketGraph(run, padded, self.pool)
+                except RuntimeError as exc:   # e.g. a host-device copy inside the forward: not capturable
+                    raise RuntimeError(f"deployment [accel] transformer = \"{self.mode}\": capturing the forward of "
+                                       f"{size} rows in a CUDA graph failed ({type(exc).__name__}: {exc}); serve "
+                                       "this model with transformer = \"compile\" or \"eager\"") from exc
                 out = self.graphs[(sig, size)](inputs)
             else:
                 out = self.compiled(*unflat_inputs(padded, names))[:rows]
