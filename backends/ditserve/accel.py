@@ -271,7 +271,8 @@ class TransformerRunner:
                 try:
                     self.graphs[(sig, size)] = BucketGraph(run, padded, self.pool)
                 except RuntimeError as exc:   # e.g. a host-device copy inside the forward: not capturable
-                    raise RuntimeError(f"deployment [accel] transformer = \"{self.mode}\": capturing the forward of "
+                    what = "compiling and capturing" if self.compiled.compiles else "capturing"
+                    raise RuntimeError(f"deployment [accel] transformer = \"{self.mode}\": {what} the forward of "
                                        f"{size} rows in a CUDA graph failed ({type(exc).__name__}: {exc}); serve "
                                        "this model with transformer = \"compile\" or \"eager\"") from exc
                 out = self.graphs[(sig, size)](inputs)
