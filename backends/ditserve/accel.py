@@ -71,10 +71,11 @@ def pin_processor_signatures(model: torch.nn.Module) -> int:
     diffusers' `Attention.forward` (PixArt-Sigma, SD3, Qwen-Image, the VAE; FLUX.1's own attention
     too) filters its keyword arguments by `inspect.signature(self.processor.__call__)` at every
     call: ~30 us of host time on the CPU host, 56 times per PixArt-Sigma forward, which a
-    launch-bound forward pays in full. With `__signature__` set on the class's `__call__`, inspect returns it at once (what
-    is left is binding it: ~12 us). The processor and its arguments are unchanged, so results are
-    too, and dynamo traces it as before (no graph break; a per-instance stand-in broke every
-    attention call). Process-wide per class, idempotent; processors that are modules are left.
+    launch-bound forward pays in full. With `__signature__` set on the class's `__call__`, inspect
+    returns it at once (what is left is binding it: ~12 us). The processor and its arguments are
+    unchanged, so results are too, and dynamo traces it as before (no graph break; a per-instance
+    stand-in broke every attention call). Process-wide per class, idempotent; processors that are
+    modules are left.
     """
     pinned = set()
     for module in model.modules():
