@@ -229,6 +229,39 @@ def test_eager_graphs_pad_to_warm_buckets_without_compiling_and_equal_eager(tmp_
     assert runner.calls == {"compiled": 1, "eager": 0}
 
 
+def test_eager_graphs_static_buffers_serve_every_step_as_eager_would(tmp_path, monkeypatch):
+    """The GPU path of `eager_graphs` on a CPU, short of the capture itself: each warm bucket gets a
+    BucketGraph over static buffers (run on the buffers instead of replayed), and requests of 1-3
+    at different steps read their rows back equal to the eager forward's, step after step."""
+    from ditserve import accel as accel_module
+    from ditserve.adapters import adapter_for
+    replays = []
+
+    class Uncaptured(accel_module.BucketGraph):
+        def __init__(self, run, inputs, pool):
+            super().__init__(run, inputs, pool, capture=False)
+
+        def __call__(self, inputs):
+            replays.append(self.static[0].shape[0])
+            return super().__call__(inputs)
+    monkeypatch.setattr(accel_module, "BucketGraph", Uncaptured)
+    accelerated = write_variant(BASE, tmp_path / "eager-graphs.toml", {}, "test",
+                                accel={"transformer": "eager_graphs", "warm_sizes": ["64x64"]})
+    family = adapter_for(accelerated.model.family)
+    fast, eager = family(accelerated, "dit"), family(load_deployment(BASE), "dit")
+    runner = fast.run_forward
+    runner.graphs = {}   # as on a GPU
+    fast.warm_up()
+    assert sorted(bucket for _, bucket in runner.graphs) == [2, 4, 8]
+    fast_states, eager_states = _pixart_states(fast), _pixart_states(eager)
+    for count in (1, 3, 2):   # 2, 6 and 4 rows: buckets 2, 8 and 4, the buffers reused between steps
+        got = fast.denoise(fast_states[:count])
+        want = eager.denoise(eager_states[:count])
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+    assert replays[-3:] == [2, 8, 4] and runner.calls["eager"] == 0
+
+
 @pytest.fixture(scope="module")
 def eager_graphs_server(tmp_path_factory):
     deployment = tmp_path_factory.mktemp("eager-graphs") / "tiny-pixart-eager-graphs.toml"
