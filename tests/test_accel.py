@@ -166,6 +166,20 @@ def test_graphed_text_encoder_needs_a_t5_family_encoder(tmp_path):
         adapter_for(deployment.model.family)(deployment, "text_encoder")
 
 
+def _cfg_states(adapter, guidances=(4.5, 4.5, 7.0), **clip):
+    """CFG requests at 64x64 (`num_frames` for a video) with their own embeddings, one per guidance
+    (3 requests: 6 rows, bucket 8)."""
+    from ditserve.schema import GenerationParams
+    generator, out = torch.Generator(), []
+    for i, guidance in enumerate(guidances):
+        params = GenerationParams(f"prompt {i}", "", 64, 64, 5, guidance, i, **clip)
+        cond = adapter.example_conditioning(params)
+        cond.embeds = torch.randn(2, *cond.embeds.shape[1:], generator=generator.manual_seed(i))
+        cond.mask = torch.ones(2, cond.mask.shape[1], dtype=torch.int64)
+        out.append(adapter.prepare(str(i), params, cond))
+    return out
+
+
 @pytest.mark.parametrize("transformer", ["compile", "eager_graphs"])
 @pytest.mark.parametrize("config", ["tiny-wan-t2v.toml", "tiny-wan-i2v.toml"])
 def test_video_families_warm_up_and_match_eager_in_process(tmp_path, config, transformer):
@@ -173,41 +187,16 @@ def test_video_families_warm_up_and_match_eager_in_process(tmp_path, config, tra
     guidance share one compiled (or, with eager_graphs on a CPU, padded eager) forward (6 rows,
     bucket 8) and equal the eager forward."""
     from ditserve.adapters import adapter_for
-    from ditserve.schema import GenerationParams
     base = ROOT / "configs" / config
     accelerated = write_variant(base, tmp_path / config, {}, "test",
                                 accel={"transformer": transformer, "compile_backend": "aot_eager", "warm_sizes": ["9x64x64"]})
     family = adapter_for(accelerated.model.family)
     fast, eager = family(accelerated, "dit"), family(load_deployment(base), "dit")
     assert fast.warm_up().variants[0].startswith("9x64x64 (8 rows")
-    generator = torch.Generator().manual_seed(0)
-
-    def states(adapter):
-        out = []
-        for i, guidance in enumerate((5.0, 5.0, 3.0)):
-            params = GenerationParams(f"prompt {i}", "", 64, 64, 5, guidance, i, num_frames=9)
-            cond = adapter.example_conditioning(params)
-            cond.embeds = torch.randn(2, *cond.embeds.shape[1:], generator=generator.manual_seed(i))
-            cond.mask = torch.ones(2, cond.mask.shape[1], dtype=torch.int64)
-            out.append(adapter.prepare(str(i), params, cond))
-        return out
-
-    for got, want in zip(fast.denoise(states(fast)), eager.denoise(states(eager))):
+    requests = {"guidances": (5.0, 5.0, 3.0), "num_frames": 9}
+    for got, want in zip(fast.denoise(_cfg_states(fast, **requests)), eager.denoise(_cfg_states(eager, **requests))):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     assert fast.run_forward.calls == {"compiled": 1, "eager": 0}
-
-
-def _pixart_states(adapter, guidances=(4.5, 4.5, 7.0)):
-    """CFG requests at 64x64 with their own embeddings (3 requests: 6 rows, bucket 8)."""
-    from ditserve.schema import GenerationParams
-    generator, out = torch.Generator(), []
-    for i, guidance in enumerate(guidances):
-        params = GenerationParams(f"prompt {i}", "", 64, 64, 5, guidance, i)
-        cond = adapter.example_conditioning(params)
-        cond.embeds = torch.randn(2, *cond.embeds.shape[1:], generator=generator.manual_seed(i))
-        cond.mask = torch.ones(2, cond.mask.shape[1], dtype=torch.int64)
-        out.append(adapter.prepare(str(i), params, cond))
-    return out
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
@@ -224,7 +213,7 @@ def test_eager_graphs_pad_to_warm_buckets_without_compiling_and_equal_eager(tmp_
     assert runner.compiled.compiled is runner.eager          # nothing compiled
     assert fast.warm_up().variants[0].startswith("64x64 (8 rows")
     assert (runner.graphs is not None) == (device == "cuda") and (not runner.graphs or len(runner.graphs) == 3)
-    for got, want in zip(fast.denoise(_pixart_states(fast)), eager.denoise(_pixart_states(eager))):
+    for got, want in zip(fast.denoise(_cfg_states(fast)), eager.denoise(_cfg_states(eager))):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     assert runner.calls == {"compiled": 1, "eager": 0}
 
@@ -253,7 +242,7 @@ def test_eager_graphs_static_buffers_serve_every_step_as_eager_would(tmp_path, m
     runner.graphs = {}   # as on a GPU
     fast.warm_up()
     assert sorted(bucket for _, bucket in runner.graphs) == [2, 4, 8]
-    fast_states, eager_states = _pixart_states(fast), _pixart_states(eager)
+    fast_states, eager_states = _cfg_states(fast), _cfg_states(eager)
     for count in (1, 3, 2):   # 2, 6 and 4 rows: buckets 2, 8 and 4, the buffers reused between steps
         got = fast.denoise(fast_states[:count])
         want = eager.denoise(eager_states[:count])
