@@ -93,10 +93,10 @@ class CostModel:
 
     A group profiled at load (`profile`: forwards of 1..capacity requests at `profile_sizes`,
     timed while no request ran) keeps that curve's shape and learns its level: one factor per
-    group, the same low quantile of observed / profiled time over every size. Load stretches all sizes alike;
-    learning each size apart would leave the sizes seldom run at their uncontended profile,
-    cheaper than the sizes run often (perf/sched_sim.py --measure-at-load: that made `cost`
-    batch 1.29 requests per forward at 1024px, against 1.05 unprofiled).
+    group, the same low quantile of observed / profiled time over every size. Load stretches all
+    sizes alike; learning each size apart would leave the sizes seldom run at their uncontended
+    profile, cheaper than the sizes run often (perf/sched_sim.py --measure-at-load: that made
+    `cost` batch 1.29 requests per forward at 1024px, against 1.05 unprofiled).
 
     A level below 1 means the profile itself ran slow: the other stages were compiling on the same
     host while dit profiled (on the H200 with a compiled T5, the 1024px CFG profile had 1 request
@@ -412,11 +412,11 @@ class StepScheduler:
         then the whole curve timed again and again, each size keeping its fastest, until a sweep is
         no more than `agree` faster than the fastest so far at every size (at least two sweeps, at
         most `max_sweeps`). Sizes between the profiled ones are linear between them. The other
-        stages load beside dit and share its GPU: a graphed T5 captures for ~4 s, which on the H200 slowed a single 512px sweep's small sizes ~2x
-        (perf/results/2026-12-04-h200-s30). Spikes left are cut by the curve's monotone envelope
-        (CostModel.profile). Forwards timed under load are lengthened by the other stages' GPU
-        work, all sizes alike: the live timings then set the curve's level, not its shape
-        (CostModel), and no size is guessed before it is tried."""
+        stages load beside dit and share its GPU: a graphed T5 captures for ~4 s, which on the H200
+        slowed a single 512px sweep's small sizes ~2x (perf/results/2026-12-04-h200-s30). Spikes
+        left are cut by the curve's monotone envelope (CostModel.profile). Forwards timed under
+        load are lengthened by the other stages' GPU work, all sizes alike: the live timings then
+        set the curve's level, not its shape (CostModel), and no size is guessed before it is tried."""
         if self.kind != "cost":
             return
         sizes = profile_sizes(capacity)
