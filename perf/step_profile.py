@@ -48,6 +48,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "backends"), str(ROOT / "perf")]
 
+from ditserve.accel import processor_calls  # noqa: E402
 from ditserve.adapters import adapter_for  # noqa: E402
 from ditserve.deployment import parse_accel_overrides, write_variant  # noqa: E402
 from ditserve.engine import StepEngine  # noqa: E402
@@ -117,9 +118,8 @@ def looped(engine: StepEngine, keys: list[str], iters: int, host_s: float, wait:
 def as_diffusers(model: torch.nn.Module):
     """Inside, the attention processors' call signatures are looked up as plain diffusers does at every
     call: what accel.pin_processor_signatures computed once is taken off, and put back after."""
-    calls = {type(m.processor).__call__ for m in model.modules() if getattr(m, "processor", None) is not None}
-    saved = {call: call.__dict__.pop("__signature__") for call in calls
-             if "__signature__" in getattr(call, "__dict__", {})}
+    saved = {call: call.__dict__.pop("__signature__") for call in processor_calls(model)
+             if "__signature__" in call.__dict__}
     try:
         yield
     finally:

@@ -12,7 +12,7 @@ from diffusers import PixArtTransformer2DModel
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "backends"))
 
-from ditserve.accel import pin_processor_signatures  # noqa: E402
+from ditserve.accel import pin_processor_signatures, processor_calls  # noqa: E402
 
 
 def _transformer_and_call():
@@ -28,13 +28,10 @@ def _transformer_and_call():
     return model, call, x
 
 
-def _processor_calls(model):
-    return {type(m.processor).__call__ for m in model.modules() if getattr(m, "processor", None) is not None}
-
-
 def test_pinned_signatures_change_no_result_and_no_compiled_graph():
     model, call, x = _transformer_and_call()
-    calls = _processor_calls(model)
+    calls = processor_calls(model)
+    assert calls == {type(m.processor).__call__ for m in model.modules() if getattr(m, "processor", None) is not None}
     saved = {c: c.__dict__.pop("__signature__", None) for c in calls}   # another test may have pinned them
     try:
         with torch.no_grad():

@@ -65,8 +65,22 @@ def prefer_attention(accel: AccelSection) -> None:
     _HELD.enter_context(sdpa_kernel(order, set_priority=True))
 
 
+def processor_calls(model: torch.nn.Module) -> set[Callable]:
+    """The `__call__` functions of `model`'s attention processors' classes (processors that are
+    modules are left: their `__call__` is every module's)."""
+    calls = set()
+    for module in model.modules():
+        processor = getattr(module, "processor", None)
+        if processor is None or isinstance(processor, torch.nn.Module):
+            continue
+        call = getattr(type(processor), "__call__", None)
+        if inspect.isfunction(call):
+            calls.add(call)
+    return calls
+
+
 def pin_processor_signatures(model: torch.nn.Module) -> int:
-    """Compute each attention processor class's call signature once; returns the classes pinned.
+    """Compute each attention processor's call signature once; returns the `__call__`s pinned.
 
     diffusers' `Attention.forward` (PixArt-Sigma, SD3, Qwen-Image, the VAE; FLUX.1's own attention
     too) filters its keyword arguments by `inspect.signature(self.processor.__call__)` at every
@@ -74,21 +88,13 @@ def pin_processor_signatures(model: torch.nn.Module) -> int:
     launch-bound forward pays in full. With `__signature__` set on the class's `__call__`, inspect
     returns it at once (what is left is binding it: ~12 us). The processor and its arguments are
     unchanged, so results are too, and dynamo traces it as before (no graph break; a per-instance
-    stand-in broke every attention call). Process-wide per class, idempotent; processors that are
-    modules are left.
+    stand-in broke every attention call). Process-wide per class, idempotent.
     """
-    pinned = set()
-    for module in model.modules():
-        processor = getattr(module, "processor", None)
-        if processor is None or isinstance(processor, torch.nn.Module):
-            continue
-        call = getattr(type(processor), "__call__", None)
-        if not inspect.isfunction(call):
-            continue
+    calls = processor_calls(model)
+    for call in calls:
         if "__signature__" not in call.__dict__:
             call.__signature__ = inspect.signature(call)
-        pinned.add(type(processor))
-    return len(pinned)
+    return len(calls)
 
 
 def _tensors(args: tuple, kwargs: dict) -> list[tuple[str, torch.Tensor]]:
