@@ -130,7 +130,7 @@ class FamilyAdapter(ABC):
                 self.runners[module] = runner
                 if runner.graphs is not None and self.deployment.cache.tiers and self.cache_blocks is not None:
                     # the quality tiers' segments: blocks compiled as the lossless forward is (eager_graphs: not)
-                    blocks_backend = None if accel.transformer == "eager_graphs" else accel.compile_backend
+                    blocks_backend = accel.compile_backend if runner.compiled.compiles else None
                     self.cached_graphs[module] = CachedGraphs(self.forward_for(module), getattr(self.pipe, module),
                                                               self.cache_blocks, runner.buckets, runner.pool,
                                                               compile_backend=blocks_backend,
