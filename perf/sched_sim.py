@@ -35,7 +35,8 @@ Model of the server (assumptions; the numbers come from the control JSON):
   exp(|N(0, sigma)|) (text_encoder and vae_decode share the GPU as other processes; their kernels
   only ever lengthen a timed forward); the simulated clock keeps the true times.
 - Triton hands dit at most --capacity generations (FIFO); others wait. New generations join at
-  the next execute. The `cost` scheduler has learned each shape's forward at size 1 before the
+  the next execute. An execute runs its groups with a first step first; its first and last steps
+  are reported when the last group holding one has run (engine.py's checks, one per group). The `cost` scheduler has learned each shape's forward at size 1 before the
   trace (the matched control's solo phase does that; simulated here the same way).
 - Blind spot: every ready generation is in every execute here, so a newcomer always meets the
   running ones; on a real server Triton seldom hands dit a newcomer in the same execute as a
@@ -194,19 +195,24 @@ class Sim:
             if not active:
                 clock = pending[0].ready_at
                 continue
-            chosen = scheduler.select(active, clock)
-            groups: dict[Shape, int] = defaultdict(int)
-            for r in active:
-                groups[r.shape] += r.key in chosen
-            timings = [((s.height, s.width, s.cfg), k, SimTimer(self.forward_s(s, k))) for s, k in groups.items() if k]
-            clock += self.overhead_s + sum(t.seconds() for _, _, t in timings)
+            chosen = [r for r in active if r.key in scheduler.select(active, clock)]
+            groups: dict[Shape, list[SimRequest]] = defaultdict(list)
+            for r in sorted(chosen, key=lambda r: r.step_index > 0):   # groups with a first step go first (engine.py)
+                groups[r.shape].append(r)
+            timings = [((s.height, s.width, s.cfg), len(rs), SimTimer(self.forward_s(s, len(rs)))) for s, rs in groups.items()]
+            # First and last steps are reported once the engine has read every check due at once,
+            # each group's check after that group's forward; the GPU runs the rest of the execute on.
+            ends = np.cumsum([t.seconds() for _, _, t in timings]) + clock + self.overhead_s
+            clock = float(ends[-1]) if len(ends) else clock + self.overhead_s
+            reported = max((float(end) for end, rs in zip(ends, groups.values())
+                            if any(r.step_index in (0, r.total_steps - 1) for r in rs)), default=clock)
             scheduler.observe([(g, k, SimTimer(t.seconds() * self.noise())) for g, k, t in timings])
             self.forwards += [k for _, k, _ in timings]
-            for r in [r for r in active if r.key in chosen]:
+            for r in chosen:
                 r.step_index += 1
-                r.first_step_at = clock if r.first_step_at is None else r.first_step_at
+                r.first_step_at = reported if r.first_step_at is None else r.first_step_at
                 if r.step_index == r.total_steps:
-                    r.done_at = clock + self.costs[r.shape].fixed_s - self.pre_s
+                    r.done_at = reported + self.costs[r.shape].fixed_s - self.pre_s
                     active.remove(r)
                     done.append(r)
         return done

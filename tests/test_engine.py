@@ -106,6 +106,44 @@ def test_a_middle_step_queues_without_waiting_for_the_device(engine):
     engine.release("g2")
 
 
+def test_a_first_step_goes_before_the_running_groups_with_its_own_check(engine):
+    """Time to first step: a newcomer's group runs first in its engine step and has its own
+    check, so reading its first step's check does not wait for a running group's forward."""
+    _admit(engine, "run", _params(1, height=96))
+    engine.step(["run"])
+    _admit(engine, "new", _params(2))
+    report = engine.step(["run", "new"])
+    assert [key for key, _, _ in report.timings] == [engine.table["new"].compat_key, engine.table["run"].compat_key]
+    assert report.confirmed == {"new": 1}   # "run": its second step is confirmed at its third
+    assert set(engine.table["run"].unchecked.rows) == {"run"}, "the running group's check holds its rows only"
+    engine.release("run")
+    engine.release("new")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the host runs ahead of a CUDA device only")
+def test_a_first_step_is_reported_while_a_running_group_still_computes(engine, monkeypatch):
+    """The newcomer's progress may go out while the GPU still runs the other group's forward:
+    ~0.1 s of GPU work queued behind the running group's step must not delay it."""
+    _admit(engine, "run", _params(1, height=96))
+    engine.step(["run"])
+    _admit(engine, "new", _params(2))
+    denoise = engine.adapter.denoise
+
+    def slow_running_group(states):
+        outputs = denoise(states)
+        if states[0].key == "run":
+            torch.cuda._sleep(200_000_000)   # GPU cycles, queued on the stream after its forward
+        return outputs
+
+    monkeypatch.setattr(engine.adapter, "denoise", slow_running_group)
+    report = engine.step(["run", "new"])
+    assert report.confirmed.get("new") == 1
+    assert engine.device_busy(), "the first step's check waited for the running group's forward"
+    torch.cuda.synchronize()
+    engine.release("run")
+    engine.release("new")
+
+
 def test_a_non_finite_step_is_reported_by_its_own_number(engine):
     _admit(engine, "nan", _params(1, steps=4))
     _admit(engine, "ok", _params(2, steps=4))

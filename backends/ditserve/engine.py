@@ -10,7 +10,8 @@ Each step's NaN/inf check is read one step late (`StepChecks`): waiting for it a
 would idle the GPU between steps, while dit sends progress and Triton hands the request
 back. A step counts as done, and its progress is reported, once its check has passed. A
 request's first step is checked at once (its progress is what time-to-first-step measures)
-and so is its last, before its latents leave.
+and so is its last, before its latents leave. Groups holding a first step run first, and each
+group has its own checks, so that reading a first step's waits for its own forward only.
 """
 from __future__ import annotations
 
@@ -49,10 +50,11 @@ class StepReport:
 
 
 class StepChecks:
-    """Whether one engine step left each request's model output and latents finite.
+    """Whether one group's forward and scheduler steps left each request's model output and
+    latents finite.
 
     The flags go to the host asynchronously (pinned memory, a CUDA event) so that reading
-    them waits for this step's work only, never for a step queued after it."""
+    them waits for this group's work only, never for a group or a step queued after it."""
 
     def __init__(self, entries: list[tuple[RequestState, tuple[str, str], tuple[torch.Tensor, torch.Tensor]]]):
         flags = torch.stack([flag for _, _, pair in entries for flag in pair]).reshape(-1, 2)
@@ -131,18 +133,21 @@ class StepEngine:
                 raise RuntimeError(f"request {key} has no steps left")
             groups[state.compat_key].append(state)
         previous = {key: self.table[key].unchecked for key in keys}
-        report, entries = StepReport(0, [], 0.0), []
-        for states in groups.values():
+        report = StepReport(0, [], 0.0)
+        # Groups holding a request's first step go first, each with its own checks: that step's
+        # progress (time to first step) then waits for its own forward, not for the other groups'.
+        for states in sorted(groups.values(), key=lambda group: all(s.step_index > 0 for s in group)):
             for state in states:
                 if state.first_step_at is None:
                     state.first_step_at = start
                 state.last_seen = start
+            entries = []
             self._step_group(states, report, entries)
-        if entries:  # queued on the device; read at the request's next step
-            checks = StepChecks(entries)
-            for state, _, _ in entries:
-                state.unchecked = checks
-            self.queued = checks.ready
+            if entries:  # queued on the device; read at the request's next step
+                checks = StepChecks(entries)
+                for state, _, _ in entries:
+                    state.unchecked = checks
+                self.queued = checks.ready
         self._read_checks(keys, previous, report)
         report.forwards, report.seconds = len(report.batch_sizes), time.monotonic() - start
         return report
