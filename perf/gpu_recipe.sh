@@ -5,6 +5,8 @@
 #
 # Stages, run in the order given (default: all = env build baseline smoke control):
 #   env       GPU, versions, tools, disk; fails early if something the rest needs is missing
+#   gputests  the tests marked @pytest.mark.gpu, which CI skips (no GPU), after building the tiny
+#             pipelines they use -> $OUT/gputests.txt (not in `all`; ~1 min)
 #   matrix    perf/gpu_matrix.py: every public model of the tiny pipelines on the GPU (gRPC,
 #             streaming, a requested-output subset, 3 concurrent streams, CUDA shm, a 97 MB
 #             video) -> $OUT/gpu_matrix.json, $OUT/gpu_matrix_logs.tgz (not in `all`; ~3 min;
@@ -348,8 +350,20 @@ sys.exit(0 if report["ok"] else 1)
 EOF
 }
 
-stage_matrix() {
+build_tiny() {
     "$PY" scripts/build_tiny_pipelines.py > "$WORK/build_tiny.log" 2>&1 || { tail -20 "$WORK/build_tiny.log"; return 1; }
+}
+
+# The tests marked @pytest.mark.gpu (CI skips them: it has no GPU), on the tiny pipelines.
+stage_gputests() {
+    build_tiny || return $?
+    local files; files=$(grep -l "pytest.mark.gpu" tests/test_*.py)
+    "$PY" -m pytest -q -rs -m gpu $files 2>&1 | tee "$OUT/gputests.txt"
+    return "${PIPESTATUS[0]}"
+}
+
+stage_matrix() {
+    build_tiny || return $?
     "$PY" perf/gpu_matrix.py --variants "${MATRIX_VARIANTS:-default,watch_on}" --request-timeout-s 60 --deadline-s "$(( $(remaining) - 90 ))" \
         --out "$OUT/gpu_matrix.json" --logs "$OUT/gpu_matrix_logs.tgz"
 }
@@ -753,16 +767,16 @@ main() {
     for s in "${stages[@]}"; do
         case "$s" in
             all) expanded+=(env build baseline smoke control) ;;
-            env|matrix|build|baseline|smoke|control|scheduler|sweeps|soak|video|i2v|accel|probe|cache|family) expanded+=("$s") ;;
+            env|gputests|matrix|build|baseline|smoke|control|scheduler|sweeps|soak|video|i2v|accel|probe|cache|family) expanded+=("$s") ;;
             -h|--help) awk 'NR > 1 && /^#/ {print; next} NR > 1 {exit}' "$0"; return 0 ;;
-            *) echo "unknown stage: $s (env|matrix|build|baseline|smoke|control|scheduler|sweeps|soak|video|i2v|accel|probe|cache|family|all)"; return 2 ;;
+            *) echo "unknown stage: $s (env|gputests|matrix|build|baseline|smoke|control|scheduler|sweeps|soak|video|i2v|accel|probe|cache|family|all)"; return 2 ;;
         esac
     done
     mkdir -p "$WORK"
     export REPO_ROOT PY OUT DEADLINE_S DEPLOYMENT MODEL_DIR DEVICE SIZE STEPS WORK START_EPOCH ACCEL_ROWS="${ACCEL_ROWS:-pixart512,pixart1024}" ACCEL_SETTINGS CACHE_SERVED CACHE_SERVED_TIERS CACHE_BACK_BLOCKS CACHE_FRONT_BLOCKS CACHE_FRONTIER \
         FAMILY_ROWS="${FAMILY_ROWS:-flux,sd3}"
     export -f log remaining model_ready stage_env stage_build stage_baseline stage_smoke stage_control stage_scheduler collect_control \
-        stage_matrix build_wan_t2v stage_sweeps stage_soak stage_video stage_i2v accel_row in_flight stage_accel family_row stage_family run_rows stage_probe stage_cache cache_row
+        build_tiny stage_gputests stage_matrix build_wan_t2v stage_sweeps stage_soak stage_video stage_i2v accel_row in_flight stage_accel family_row stage_family run_rows stage_probe stage_cache cache_row
     log "stages: ${expanded[*]} (deadline ${DEADLINE_S}s)"
     check_imports || { RESULTS+=("imports: FAILED (diffusers)"); write_summary; return 1; }
     for s in "${expanded[@]}"; do
@@ -775,6 +789,7 @@ main() {
             scheduler) ensure_model scheduler && run_timed scheduler 400 stage_scheduler ;;
             sweeps) run_timed sweeps 240 stage_sweeps ;;
             soak) ensure_model soak && run_timed soak 240 stage_soak ;;  # load, warm-up, saturation, phases sized to fit
+            gputests) run_timed gputests 60 stage_gputests ;;
             matrix) run_timed matrix 150 stage_matrix ;;
             video) run_timed video 240 stage_video ;;
             i2v) run_timed i2v 300 stage_i2v ;;

@@ -199,8 +199,7 @@ def test_video_families_warm_up_and_match_eager_in_process(tmp_path, config, tra
     assert fast.run_forward.calls == {"compiled": 1, "eager": 0}
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="CUDA graphs are GPU only (on a CPU the buckets run eager)"))])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])   # graphs: GPU only
 def test_eager_graphs_pad_to_warm_buckets_without_compiling_and_equal_eager(tmp_path, device):
     """`transformer = "eager_graphs"`: diffusers' eager forward captured per row bucket (GPU) with no
     torch.compile; on a CPU the same buckets run eager. Either way the rows equal the eager forward."""

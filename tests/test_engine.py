@@ -88,7 +88,7 @@ def test_a_step_is_confirmed_at_the_next_step_and_the_last_at_once(engine):
     engine.release("c")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the host queues ahead of a CUDA device only")
+@pytest.mark.gpu   # the host queues ahead of a CUDA device only
 def test_a_middle_step_queues_without_waiting_for_the_device(engine):
     """A step that is neither a request's first nor its last must not wait for the GPU: a blocking
     copy (the CFG scales were one until 2026-12-04) or `.item()` holds the host until this step's
@@ -120,7 +120,7 @@ def test_a_first_step_goes_before_the_running_groups_with_its_own_check(engine):
     engine.release("new")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the host runs ahead of a CUDA device only")
+@pytest.mark.gpu   # the host runs ahead of a CUDA device only
 def test_a_first_step_is_reported_while_a_running_group_still_computes(engine, monkeypatch):
     """The newcomer's progress may go out while the GPU still runs the other group's forward:
     ~0.1 s of GPU work queued behind the running group's step must not delay it."""
