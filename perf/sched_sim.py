@@ -36,8 +36,9 @@ Model of the server (assumptions; the numbers come from the control JSON):
   only ever lengthen a timed forward); the simulated clock keeps the true times.
 - Triton hands dit at most --capacity generations (FIFO); others wait. New generations join at
   the next execute. An execute runs its groups with a first step first; its first and last steps
-  are reported when the last group holding one has run (engine.py's checks, one per group). The `cost` scheduler has learned each shape's forward at size 1 before the
-  trace (the matched control's solo phase does that; simulated here the same way).
+  are reported when the last group holding one has run (engine.py's checks, one per group). The
+  `cost` scheduler has learned each shape's forward at size 1 before the trace (the matched
+  control's solo phase does that; simulated here the same way).
 - Blind spot: every ready generation is in every execute here, so a newcomer always meets the
   running ones; on a real server Triton seldom hands dit a newcomer in the same execute as a
   running generation (perf/results/2026-12-03-cpu-h200-linear-s23.md). Rules about first steps
