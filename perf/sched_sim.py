@@ -196,7 +196,8 @@ class Sim:
             if not active:
                 clock = pending[0].ready_at
                 continue
-            chosen = [r for r in active if r.key in scheduler.select(active, clock)]
+            picked = scheduler.select(active, clock)   # once a round: it counts the newcomers' arrivals
+            chosen = [r for r in active if r.key in picked]
             groups: dict[Shape, list[SimRequest]] = defaultdict(list)
             for r in sorted(chosen, key=lambda r: r.step_index > 0):   # groups with a first step go first (engine.py)
                 groups[r.shape].append(r)
