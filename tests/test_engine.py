@@ -145,6 +145,44 @@ def test_a_first_step_is_reported_while_a_running_group_still_computes(engine, m
     engine.release("new")
 
 
+def _denoised_alone(engine, key: str, params: GenerationParams, cond: TextConditioning) -> torch.Tensor:
+    engine.admit(key, params, cond)
+    while not engine.table[key].done:
+        engine.step([key])
+    return engine.release(key).latents
+
+
+def test_embeddings_cut_of_their_zero_padding_denoise_as_the_padded_ones(engine):
+    """text_encoder hands dit the embeddings without their zero padding; admission puts it back."""
+    params = _params(3, steps=3)
+    padded = _cond(params)
+    padded.embeds[:, 12:] = 0.0
+    cut = TextConditioning(padded.embeds[:, :12].clone(), padded.mask)
+    assert torch.equal(_denoised_alone(engine, "cut", params, cut), _denoised_alone(engine, "padded", params, padded))
+
+
+@pytest.mark.gpu   # the host runs ahead of a CUDA device only
+def test_a_newcomer_is_admitted_while_queued_steps_still_run(engine):
+    """Admission's copies to the device (noise, schedule, the embeddings cut of their zero
+    padding) go on a side stream: they must not wait for ~0.1 s of GPU work queued ahead on the
+    compute stream, and the newcomer's result stays what it is alone, to the bit."""
+    params = _params(2, steps=4)
+    cut = TextConditioning(torch.randn(2, 12, 32), torch.cat([torch.ones(2, 12), torch.zeros(2, 288)], 1).long())
+    cut.embeds[0] = 0.0   # an empty negative prompt's row
+    alone = _denoised_alone(engine, "alone", params, cut)
+    _admit(engine, "run", _params(1, height=96))
+    engine.step(["run"])
+    torch.cuda._sleep(200_000_000)   # GPU cycles queued on the compute stream, as a step would be
+    queued = torch.cuda.Event()
+    queued.record()
+    engine.admit("new", params, cut)
+    assert not queued.query(), "admission waited for the work queued ahead on the compute stream"
+    while not engine.table["new"].done:
+        engine.step(["run", "new"] if not engine.table["run"].done else ["new"])
+    assert torch.equal(engine.release("new").latents, alone)
+    engine.release("run")
+
+
 def test_a_non_finite_step_is_reported_by_its_own_number(engine):
     _admit(engine, "nan", _params(1, steps=4))
     _admit(engine, "ok", _params(2, steps=4))

@@ -12,12 +12,17 @@ back. A step counts as done, and its progress is reported, once its check has pa
 request's first step is checked at once (its progress is what time-to-first-step measures)
 and so is its last, before its latents leave. Groups holding a first step run first, and each
 group has its own checks, so that reading a first step's waits for its own forward only.
+
+A newcomer is admitted on a CUDA stream of its own (`AdmissionStream`): its copies to the
+device then wait for nothing the steps queued ahead of it, and the host queues its first step
+while the GPU still runs those.
 """
 from __future__ import annotations
 
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, fields, is_dataclass
 
 import torch
 
@@ -97,12 +102,61 @@ def _subject(state: RequestState) -> Subject:
     return Subject(state.params.prompt, state.params.height, state.step_index + 1)
 
 
+def _cuda_tensors(value, depth: int = 3) -> Iterator[torch.Tensor]:
+    """The CUDA tensors a request's state holds: in its fields, its conditioning, its scheduler's
+    attributes (diffusers keeps timesteps and sigmas there), and lists or dicts of them."""
+    if isinstance(value, torch.Tensor):
+        if value.is_cuda:
+            yield value
+    elif depth == 0:
+        return
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _cuda_tensors(item, depth - 1)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _cuda_tensors(item, depth - 1)
+    elif is_dataclass(value):
+        for f in fields(value):
+            yield from _cuda_tensors(getattr(value, f.name), depth - 1)
+    elif hasattr(value, "__dict__") and not isinstance(value, torch.nn.Module):
+        yield from _cuda_tensors(vars(value), depth - 1)
+
+
+class AdmissionStream:
+    """Where a newcomer's state is made on a GPU: a side stream.
+
+    Copies from pageable host memory block the host until their stream has run everything
+    queued on it. On the compute stream that is the step queued ahead (engine.step reads a
+    step's checks one step late), so an admission there waited for up to two steps before the
+    host could queue the newcomer's first one, and the GPU then idled while it did. On a side
+    stream the copies wait only for the admission's own work. The compute stream waits for them
+    (an event, not the host), and every tensor the state holds is marked as used by the compute
+    stream, so that the caching allocator does not hand its memory to a later admission while a
+    queued step may still read it."""
+
+    def __init__(self, device: torch.device):
+        self.side = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    def prepare(self, make: Callable[[], RequestState]) -> RequestState:
+        if self.side is None:
+            return make()
+        compute = torch.cuda.current_stream(self.side.device)
+        with torch.cuda.stream(self.side):
+            state = make()
+        compute.wait_stream(self.side)
+        for tensor in _cuda_tensors(state):
+            tensor.record_stream(compute)
+        return state
+
+
 class StepEngine:
     def __init__(self, adapter: FamilyAdapter, faults: FaultInjector | None = None):
         self.adapter = adapter
         self.faults = faults or FaultInjector()
         self.table: dict[str, RequestState] = {}
         self.queued: torch.cuda.Event | None = None   # recorded after the last step's work (CUDA only)
+        self.admission = AdmissionStream(adapter.device)
 
     def __contains__(self, key: str) -> bool:
         return key in self.table
@@ -113,7 +167,7 @@ class StepEngine:
     def admit(self, key: str, params: GenerationParams, cond: TextConditioning) -> RequestState:
         if key in self.table:
             raise KeyError(f"request {key} is already in flight")
-        state = self.adapter.prepare(key, params, cond)
+        state = self.admission.prepare(lambda: self.adapter.prepare(key, params, cond))
         self.table[key] = state
         return state
 
