@@ -198,10 +198,13 @@ class Sim:
                 continue
             picked = scheduler.select(active, clock)   # once a round: it counts the newcomers' arrivals
             chosen = [r for r in active if r.key in picked]
-            groups: dict[Shape, list[SimRequest]] = defaultdict(list)
+            # first steps the scheduler runs in forwards of their own (none before session 36)
+            apart = scheduler.apart(chosen) if hasattr(scheduler, "apart") else set()
+            groups: dict[tuple[Shape, bool], list[SimRequest]] = defaultdict(list)
             for r in sorted(chosen, key=lambda r: r.step_index > 0):   # groups with a first step go first (engine.py)
-                groups[r.shape].append(r)
-            timings = [((s.height, s.width, s.cfg), len(rs), SimTimer(self.forward_s(s, len(rs)))) for s, rs in groups.items()]
+                groups[r.shape, r.key in apart].append(r)
+            timings = [((s.height, s.width, s.cfg), len(rs), SimTimer(self.forward_s(s, len(rs))))
+                       for (s, _), rs in groups.items()]
             # First and last steps are reported once the engine has read every check due at once,
             # each group's check after that group's forward; the GPU runs the rest of the execute on.
             ends = np.cumsum([t.seconds() for _, _, t in timings]) + clock + self.overhead_s

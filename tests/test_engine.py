@@ -120,6 +120,27 @@ def test_a_first_step_goes_before_the_running_groups_with_its_own_check(engine):
     engine.release("new")
 
 
+def test_a_first_step_apart_runs_before_its_groups_running_requests(engine, monkeypatch):
+    """`apart` (the scheduler's choice where batching saves no time): the newcomer's first step
+    is a forward of its own, ahead of the running request of the same compatibility group, and
+    its check is its own."""
+    _admit(engine, "run", _params(1))
+    engine.step(["run"])
+    _admit(engine, "new", _params(2))
+    assert engine.table["new"].compat_key == engine.table["run"].compat_key
+    together = engine.step(["run", "new"]).batch_sizes
+    engine.release("new")
+    _admit(engine, "new", _params(2))
+    forwards, denoise = [], engine.adapter.denoise
+    monkeypatch.setattr(engine.adapter, "denoise", lambda states: forwards.append([s.key for s in states]) or denoise(states))
+    report = engine.step(["run", "new"], apart={"new"})
+    assert (together, forwards) == ([2], [["new"], ["run"]])
+    assert report.confirmed == {"run": 2, "new": 1}   # run's step 2 (read one step late), new's first at once
+    assert set(engine.table["run"].unchecked.rows) == {"run"}, "the running request's check holds its row only"
+    engine.release("run")
+    engine.release("new")
+
+
 @pytest.mark.gpu   # the host runs ahead of a CUDA device only
 def test_a_first_step_is_reported_while_a_running_group_still_computes(engine, monkeypatch):
     """The newcomer's progress may go out while the GPU still runs the other group's forward:

@@ -382,6 +382,36 @@ def test_new_requests_take_their_first_step_at_once():
     assert CostPolicy().choose(running + [fresh_big], model) == {"r0", "new-big"}
 
 
+# The H200's CFG forwards with the transformer graphed (session 36): ms -> s; 1024px one request
+# 46.6 ms, two 92.9 (no batching gain); 512px one 9.9, two 17.8 (a tenth saved).
+GRAPHED_1024 = {1: 0.0466, 2: 0.0929, 3: 0.1839, 4: 0.1839}
+GRAPHED_512 = {1: 0.0099, 2: 0.0178, 3: 0.0338, 4: 0.0338}
+
+
+@pytest.mark.parametrize("curve, running, apart", [
+    (GRAPHED_1024, 1, True),    # two forwards cost what one does: the newcomer's own goes first
+    (GRAPHED_1024, 2, True),
+    (GRAPHED_512, 1, False),    # apart: 19.8 ms for 17.8 together, past the floor's 5 %
+    (CHEAP_512, 1, False),
+])
+def test_a_first_step_runs_apart_where_batching_it_saves_no_time(curve, running, apart):
+    chosen = candidates([10] * running) + [Candidate("new", GROUP, 20, 20, 0.0)]
+    assert CostPolicy().apart(chosen, model_of(curve)) == ({"new"} if apart else set())
+
+
+def test_first_steps_stay_in_their_groups_with_nothing_to_run_apart_from_or_no_curve():
+    newcomers = [Candidate("new", GROUP, 20, 20, 0.0), Candidate("new2", GROUP, 20, 20, 0.0)]
+    assert CostPolicy().apart(newcomers, model_of(GRAPHED_1024)) == set(), "only newcomers: one forward"
+    assert CostPolicy().apart(candidates([10]) + newcomers[:1], CostModel()) == set(), "nothing measured"
+    assert CostPolicy().apart(candidates([10], group=BIG) + newcomers[:1], model_of(GRAPHED_1024)) == set(), \
+        "a newcomer in another group has its own forward anyway"
+    states = [FakeState("r0", 10, step_index=3), FakeState("new", 20)]
+    assert StepScheduler("all").apart(states) == set()
+    dear = StepScheduler("cost")
+    dear.model = model_of(GRAPHED_1024)
+    assert dear.apart(states) == {"new"}
+
+
 def test_an_unmeasured_group_steps_at_once_beside_measured_ones():
     model = model_of(CHEAP_512)
     chosen = CostPolicy().choose(candidates([2]) + big([30, 30]), model)

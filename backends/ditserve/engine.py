@@ -11,7 +11,9 @@ would idle the GPU between steps, while dit sends progress and Triton hands the 
 back. A step counts as done, and its progress is reported, once its check has passed. A
 request's first step is checked at once (its progress is what time-to-first-step measures)
 and so is its last, before its latents leave. Groups holding a first step run first, and each
-group has its own checks, so that reading a first step's waits for its own forward only.
+group has its own checks, so that reading a first step's waits for its own forward only; the
+scheduler may have first steps run in a forward apart from their group's running requests
+(`apart`), where batching them would not save time.
 
 A newcomer is admitted on a CUDA stream of its own (`AdmissionStream`): its copies to the
 device then wait for nothing the steps queued ahead of it, and the host queues its first step
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field, fields, is_dataclass
 
 import torch
@@ -171,8 +173,9 @@ class StepEngine:
         self.table[key] = state
         return state
 
-    def step(self, keys: list[str]) -> StepReport:
-        """Advance every listed request by exactly one denoise step.
+    def step(self, keys: list[str], apart: Collection[str] = ()) -> StepReport:
+        """Advance every listed request by exactly one denoise step; the first steps in `apart`
+        run in a forward apart from their group's running requests (StepScheduler.apart).
 
         A failure is contained: a failing group forward is retried one request at a time
         (so a poisoned request does not take its batch peers down), a failing scheduler
@@ -185,7 +188,7 @@ class StepEngine:
             state = self.table[key]
             if state.done:
                 raise RuntimeError(f"request {key} has no steps left")
-            groups[state.compat_key].append(state)
+            groups[state.compat_key, key in apart].append(state)
         previous = {key: self.table[key].unchecked for key in keys}
         report = StepReport(0, [], 0.0)
         # Groups holding a request's first step go first, each with its own checks: that step's

@@ -40,6 +40,12 @@ requests per forward, p99 1.36x request batching; perf/results/2026-12-02-h200-s
   steps (once, so measured; it never starves). With one group this is the within-group rule.
 - First steps: a request not stepped yet takes its first step in this execute, in its group's
   forward or as its group's own (time to first step; it costs the running rows one forward).
+  Its first step runs in a forward apart from the running rows of its group, before theirs,
+  where the curve says the two forwards cost about what one would (within `throughput_floor`:
+  `CostPolicy.apart`), so that its progress waits for its own rows only (the engine reads each
+  forward's check apart). On the H200 at 1024px, one CFG request's forward is 46.6 ms and two
+  requests' 92.9 ms: a newcomer joining a running request's forward waited twice as long for
+  its first step (perf/results/2026-12-05-h200-scheduler-s36.md).
   Simulated against the previous rule in perf/sched_sim.py (perf/results/2026-12-02-sim-scheduler-s12-*.md).
   Tried in session 23 and dropped, as neither lowered the median on a real server with the H200's
   1024px curve emulated (docs/scheduler.md, "Session 23"): stepping newcomers alone when that
@@ -221,6 +227,12 @@ class Candidate:
         return self.remaining == self.total
 
 
+def _candidate(state, now: float) -> Candidate:
+    """What the policy needs of an engine.RequestState."""
+    return Candidate(state.key, state.compat_key, state.total_steps - state.step_index, state.total_steps,
+                     now - state.admitted_at)
+
+
 def completions(remaining: list[int], slots: int, cost) -> tuple[float, float]:
     """(sum of completion times, time the last one completes), from now, of requests with
     `remaining` steps (in priority order), stepping the first `slots` unfinished ones per round at
@@ -332,6 +344,25 @@ class CostPolicy:
         remaining = sorted(c.remaining for c in members)
         return min(allowed, key=lambda k: (expected_latency_cost(remaining, k, cost, arrivals_per_s), -k))
 
+    def apart(self, chosen: list[Candidate], model: CostModel) -> set[str]:
+        """Keys of the chosen first steps that run in a forward of their own, apart from the
+        running requests of their group: where that forward and the running rows' cost at most
+        1 / `throughput_floor` x the group's forward of all of them (the running rows then lose
+        at most what the floor allows; the newcomers' progress waits for their own rows only).
+        Nothing is split in a group whose sizes are not measured yet."""
+        groups: dict[tuple, list[Candidate]] = {}
+        for candidate in chosen:
+            groups.setdefault(candidate.group, []).append(candidate)
+        keys: set[str] = set()
+        for group, members in groups.items():
+            new = [c.key for c in members if c.new]
+            if not new or len(new) == len(members):
+                continue
+            together, alone, rest = (model.estimate(group, n) for n in (len(members), len(new), len(members) - len(new)))
+            if None not in (together, alone, rest) and together >= self.throughput_floor * (alone + rest):
+                keys.update(new)
+        return keys
+
     def choose(self, candidates: list[Candidate], model: CostModel,
                rates: dict[tuple, tuple[float, float]] | None = None) -> set[str]:
         """Keys to step now; the rest wait a round. `rates`: each group's arriving (requests, steps)
@@ -397,12 +428,18 @@ class StepScheduler:
             return {s.key for s in states}
         self.model.resolve()
         now = time.monotonic() if now is None else now
-        candidates = [Candidate(s.key, s.compat_key, s.total_steps - s.step_index, s.total_steps, now - s.admitted_at)
-                      for s in states]
+        candidates = [_candidate(s, now) for s in states]
         for c in candidates:
             if c.new:   # not stepped yet: seen here once, as the first step is always taken at once
                 self.arrivals.add(c.group, now - c.waited, c.total)
         return self.policy.choose(candidates, self.model, self.arrivals.per_second(now))
+
+    def apart(self, states: list) -> set[str]:
+        """Keys of the `states` chosen to step (engine.RequestState) whose first step runs in a
+        forward of its own (CostPolicy.apart); none with `all`."""
+        if self.kind == "all":
+            return set()
+        return self.policy.apart([_candidate(s, 0.0) for s in states], self.model)
 
     def measure(self, time_forward: Callable[[list], float], states: list, capacity: int,
                 max_sweeps: int = 4, agree: float = 0.1) -> None:

@@ -165,7 +165,8 @@ class DitStage:
             chosen = self.scheduler.select([self.engine.table[key] for key, _ in active])
             if len(chosen) < len(active):
                 self.metrics.scheduler_waits.increment(len(active) - len(chosen))
-            self._step([(k, r) for k, r in active if k in chosen])
+            apart = self.scheduler.apart([self.engine.table[key] for key in chosen])
+            self._step([(k, r) for k, r in active if k in chosen], apart)
             going_on = [(k, r) for k, r in active if k in self.engine and not self._ended_by_client(r, k)]
             if len(going_on) < len(active) or self._others_waiting(len(active)):
                 return
@@ -219,12 +220,13 @@ class DitStage:
         self.engine.admit(key, params, TextConditioning(tensors["embeds"], tensors["mask"], extra=extra))
         self.metrics.admission_seconds.observe(time.monotonic() - start)
 
-    def _step(self, active: list) -> None:
-        """One denoise step for every active request; finished ones get their final response."""
+    def _step(self, active: list, apart: set[str] = frozenset()) -> None:
+        """One denoise step for every active request (the first steps in `apart` in forwards of
+        their own); finished ones get their final response."""
         if not active:
             return
         try:
-            report = self.engine.step([key for key, _ in active])
+            report = self.engine.step([key for key, _ in active], apart)
         except Exception as exc:  # the engine contains model failures; this is a bug: end them all
             for key, request in active:
                 self._end(request, key, f"denoise step failed: {type(exc).__name__}: {exc}")
