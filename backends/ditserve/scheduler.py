@@ -49,8 +49,9 @@ requests per forward, p99 1.36x request batching; perf/results/2026-12-02-h200-s
   Simulated against the previous rule in perf/sched_sim.py (perf/results/2026-12-02-sim-scheduler-s12-*.md).
   Tried in session 23 and dropped, as neither lowered the median on a real server with the H200's
   1024px curve emulated (docs/scheduler.md, "Session 23"): stepping newcomers alone when that
-  lowers the summed latency, and adding a round's measured overhead outside the forwards to the
-  curve.
+  lowers the summed latency (then one check covered a whole step, and Triton seldom handed dit a
+  newcomer beside a running request; the split above came back once neither held), and adding a
+  round's measured overhead outside the forwards to the curve.
 """
 from __future__ import annotations
 

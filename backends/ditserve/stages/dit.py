@@ -18,6 +18,7 @@ Every request ends with exactly one final response: its latents, or an `error` o
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 
 import numpy as np
 import torch
@@ -220,7 +221,7 @@ class DitStage:
         self.engine.admit(key, params, TextConditioning(tensors["embeds"], tensors["mask"], extra=extra))
         self.metrics.admission_seconds.observe(time.monotonic() - start)
 
-    def _step(self, active: list, apart: set[str] = frozenset()) -> None:
+    def _step(self, active: list, apart: Collection[str] = ()) -> None:
         """One denoise step for every active request (the first steps in `apart` in forwards of
         their own); finished ones get their final response."""
         if not active:
