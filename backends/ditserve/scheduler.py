@@ -437,8 +437,9 @@ class StepScheduler:
 
     def apart(self, states: list) -> set[str]:
         """Keys of the `states` chosen to step (engine.RequestState) whose first step runs in a
-        forward of its own (CostPolicy.apart); none with `all`."""
-        if self.kind == "all":
+        forward of its own (CostPolicy.apart); none with `all`. Called before every step: a step
+        without a newcomer (nearly all of them) returns before building candidates."""
+        if self.kind == "all" or all(s.step_index > 0 for s in states):
             return set()
         return self.policy.apart([_candidate(s, 0.0) for s in states], self.model)
 
