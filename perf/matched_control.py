@@ -62,16 +62,31 @@ def write_mode_deployment(base: Path, mode: str, capacity: int | None, out: Path
                           accel: dict | None = None, in_flight: int = 0) -> tuple[Path, int]:
     """The base deployment with [engine] mode (and capacity, in_flight, and [accel] keys) replaced;
     returns (path, capacity). `mode` may name a step scheduler too: `step:cost` = mode "step", scheduler "cost";
-    a `#N` suffix (`step:cost#2`) names another server of the same mode (server-to-server spread)."""
-    mode, _, scheduler = mode.partition("#")[0].partition(":")
+    `+KEY=VALUE` parts set other [engine] keys (`step:cost+late_queue_ms=3`); a `#N` suffix
+    (`step:cost#2`) names another server of the same mode (server-to-server spread)."""
+    mode, *keys = mode.partition("#")[0].split("+")
+    mode, _, scheduler = mode.partition(":")
     if mode not in ENGINE_MODES or (scheduler and scheduler not in SCHEDULERS):
         raise SystemExit(f"unknown mode {mode!r}; choose from {ENGINE_MODES}, or step:<scheduler> with a "
                          f"scheduler of {SCHEDULERS}")
+    if bad := [key for key in keys if "=" not in key]:
+        raise SystemExit(f"mode part(s) {bad} are not [engine] KEY=VALUE (e.g. step:cost+late_queue_ms=3)")
     cap = capacity if capacity is not None else load_deployment(base).engine.capacity
     engine = {"mode": mode, "capacity": 1 if mode == "serial" else cap, "in_flight": in_flight,
-              **({"scheduler": scheduler} if scheduler else {})}
+              **({"scheduler": scheduler} if scheduler else {}),
+              **{name: _engine_value(value) for name, _, value in (key.partition("=") for key in keys)}}
     variant = write_variant(base, out, engine, "perf/matched_control.py", accel=accel)
     return out, variant.engine.capacity
+
+
+def _engine_value(text: str) -> int | float | str:
+    """A `+KEY=VALUE` part's value as TOML would type it: an int, a float, else a string."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            continue
+    return text
 
 
 def trace_sizes(entries: list[dict], defaults: Defaults, video: bool = False) -> list[str]:
@@ -108,7 +123,7 @@ def run_mode(mode: str, args, traces: dict[str, list[dict]], source: str, work: 
     With `saturation` (a dict to fill, `--load-fractions`), the closed-loop saturation is measured
     on this server first and `traces` is filled from it (the first mode only; later modes replay
     the same traces)."""
-    label = mode.replace(":", "-").replace("#", "-")   # step:cost#2 -> step-cost-2 in file names
+    label = re.sub(r"[:#+=.]", "-", mode)   # step:cost#2 -> step-cost-2 in file names
     deployment, capacity = write_mode_deployment(Path(args.deployment).resolve(), mode, args.capacity,
                                                  work / f"deployment-{label}.toml", accel, args.in_flight)
     repo = work / f"repository-{label}"
@@ -461,7 +476,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--deployment", default="configs/tiny-pixart-sigma.toml", help="base deployment TOML")
     p.add_argument("--modes", default="request_batch,step",
                    help="comma-separated engine modes, run in this order; step:cost = step mode with "
-                        "[engine] scheduler = \"cost\"; a #N suffix runs another server of a mode "
+                        "[engine] scheduler = \"cost\"; +KEY=VALUE sets another [engine] key (step:cost+late_queue_ms=3); "
+                        "a #N suffix runs another server of a mode "
                         "(request_batch,step:cost,request_batch#2,step:cost#2: how much two servers of "
                         "one mode differ)")
     p.add_argument("--compare", default="step", help="the mode the verdict holds against request_batch "

@@ -25,7 +25,9 @@ METRICS = {"throughput_req_s": "request_throughput", "p50_ms": "p50_e2el_ms", "p
            "mean_ms": "mean_e2el_ms", "ttfs_p50_ms": "p50_ttfs_ms", "ttfs_p99_ms": "p99_ttfs_ms",
            "mean_step_batch": "mean_step_batch_size", "completed": "completed_requests",
            "failed": "failed_requests", "lost": "lost", "duplicated": "duplicated",
-           "mean_step_ms": "mean_step_duration_ms", "ttfs_split_ms": "ttfs_split_ms"}   # the split: since session 22
+           "mean_step_ms": "mean_step_duration_ms",
+           "ttfs_split_ms": "ttfs_split_ms",   # since session 22
+           "dit_holds": "dit_holds"}           # since session 37
 RATIOS = ("p50_ms", "p99_ms", "mean_ms", "throughput_req_s", "ttfs_p50_ms")
 RESAMPLES = 2000
 

@@ -2,7 +2,9 @@
 30-step requests, three shapes, CFG on and off, all finish with progress for every step and the
 image diffusers makes; requests that wait rounds keep their state and lose no step. Each
 forward sleeps 20 ms per request (fault injection, as perf/deployments/*-h200-timing.toml), so
-the learned curve shows no batching gain and the scheduler does hold requests back."""
+the learned curve shows no batching gain and the scheduler does hold requests back. The server
+also has `[engine] late_queue_ms` set: its forecasts run at every step, and a CPU never holds
+(a step returns when its work is done), so nothing changes."""
 from __future__ import annotations
 
 import pytest
@@ -18,7 +20,7 @@ from test_step_batching import assert_each_streamed_and_matches
 def cost_server(tmp_path_factory):
     deployment = tmp_path_factory.mktemp("cost-deployment") / "tiny-pixart-cost.toml"
     write_variant(ROOT / "configs" / "tiny-pixart-sigma.toml", deployment,
-                  {"scheduler": "cost"}, "tests/test_cost_scheduler.py")
+                  {"scheduler": "cost", "late_queue_ms": 3.0}, "tests/test_cost_scheduler.py")
     with deployment.open("a") as toml:  # forwards cost 20 ms per request: batching gains nothing, so some wait
         toml.write('\n[[faults.rules]]\npoint = "denoise"\naction = "sleep"\nseconds_per_row = 0.02\n')
     yield from serve(rendered_server(tmp_path_factory, deployment, TINY_PIXART, "cost-server"))
@@ -48,6 +50,7 @@ def test_mixed_requests_all_finish_exactly_under_the_cost_scheduler(cost_server,
         "one forward row per request per step: waiting rounds neither lose nor repeat a step"
     assert delta("ditserve_scheduler_waits_total") > 0, "with no batching gain, the scheduler held some back"
     assert after.get(("ditserve_state_table_size", "dit")) == 0
+    assert after.get(("ditserve_late_queue_holds_total", "dit")) == 0, "exported, and a CPU never holds"
 
 
 def test_generations_passed_over_wait_inside_the_execute(cost_server, diffusers_pixart):

@@ -88,6 +88,45 @@ def test_a_step_is_confirmed_at_the_next_step_and_the_last_at_once(engine):
     engine.release("c")
 
 
+def test_a_step_reports_when_it_was_queued_and_when_the_device_began_it(engine):
+    """What the late queue forecasts a step's end from (ditserve/late_queue.py). On a CPU a step
+    has run when it returns: it began when engine.step did, and the device never ran dry."""
+    _admit(engine, "t", _params(1, steps=3))
+    for _ in range(3):
+        before = time.monotonic()
+        report = engine.step(["t"])
+        assert before <= report.started_at <= report.queued_at <= time.monotonic()
+        assert not report.ran_dry
+    engine.release("t")
+
+
+@pytest.mark.gpu   # the host queues ahead of a CUDA device only
+def test_a_step_queued_behind_running_work_begins_when_that_work_ends(engine, monkeypatch):
+    """A step queued while the step before still runs begins when that one ends: the host waits
+    for it (one step queued ahead at most) and stamps `started_at` then. One queued on an idle
+    device says that it ran dry."""
+    _admit(engine, "g", _params(1, steps=6))
+    engine.step(["g"])   # the first step is checked at once
+    engine.step(["g"])
+    denoise = engine.adapter.denoise
+
+    def slow(states):
+        outputs = denoise(states)
+        torch.cuda._sleep(200_000_000)   # ~0.1 s of GPU cycles after its forward
+        return outputs
+
+    monkeypatch.setattr(engine.adapter, "denoise", slow)
+    engine.step(["g"])
+    monkeypatch.undo()
+    report = engine.step(["g"])
+    assert not report.ran_dry
+    assert report.started_at - report.queued_at > 0.02, "began when the slow step's work ended"
+    torch.cuda.synchronize()
+    assert engine.step(["g"]).ran_dry, "queued on an idle device"
+    torch.cuda.synchronize()
+    engine.release("g")
+
+
 @pytest.mark.gpu   # the host queues ahead of a CUDA device only
 def test_a_middle_step_queues_without_waiting_for_the_device(engine):
     """A step that is neither a request's first nor its last must not wait for the GPU: a blocking

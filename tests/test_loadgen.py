@@ -87,6 +87,8 @@ def test_loadgen_smoke_against_server(server):
     assert split["text_encoder_compute_per_exec"] > 0 and split["first_step_and_rest"] > 0, split
     assert split["encode"] + split["admission_wait"] + split["admission"] + split["first_step_and_rest"] == \
         pytest.approx(report["server_mean_ttfs_ms"], abs=0.01)
+    assert report["dit_holds"] == {"arrival": 0, "late": 0, "late_joins": 0, "late_starved": 0}, \
+        "a CPU never holds a step"
 
 
 def test_known_solo_latencies_are_not_measured_again(server):
@@ -130,6 +132,13 @@ def test_matched_control_mode_can_name_a_step_scheduler(tmp_path):
     path, _ = matched_control.write_mode_deployment(base, "step:cost#2", None, tmp_path / "again.toml")
     engine = load_deployment(path).engine
     assert (engine.mode, engine.scheduler) == ("step", "cost")
+    # `+KEY=VALUE` sets another [engine] key, typed as TOML would (the late queue's A/B).
+    path, _ = matched_control.write_mode_deployment(base, "step:cost+late_queue_ms=2.5+steps_per_execute=4#2", None,
+                                                    tmp_path / "late.toml")
+    engine = load_deployment(path).engine
+    assert (engine.scheduler, engine.late_queue_ms, engine.steps_per_execute) == ("cost", 2.5, 4)
+    with pytest.raises(SystemExit, match="KEY=VALUE"):
+        matched_control.write_mode_deployment(base, "step:cost+late", None, tmp_path / "bad.toml")
 
 
 def test_load_ladder_draws_one_trace_per_fraction_of_saturation():

@@ -479,6 +479,18 @@ def test_no_request_starves_behind_a_stream_of_short_ones(curves, group):
     assert len(gaps) <= bound + 2 * 30, "and it finishes"
 
 
+def test_a_steps_device_time_is_the_sum_of_its_forwards_estimates_once_all_are_measured():
+    """What the late queue (ditserve/late_queue.py) forecasts a step's end from."""
+    scheduler = StepScheduler("cost")
+    a, b = ("a",), ("b",)
+    scheduler.model.observe(a, 1, 0.020)
+    scheduler.model.observe(a, 2, 0.030)
+    assert scheduler.step_seconds([(a, 2, None)]) == pytest.approx(0.030)
+    assert scheduler.step_seconds([(a, 1, None), (a, 2, None)]) == pytest.approx(0.050)
+    assert scheduler.step_seconds([(a, 1, None), (b, 1, None)]) is None, "b is unmeasured"
+    assert StepScheduler("all").step_seconds([(a, 1, None)]) is None, "`all` learns no curve"
+
+
 def test_all_scheduler_steps_every_ready_request():
     states = [FakeState(f"r{i}", 10) for i in range(5)]
     assert StepScheduler("all").select(states) == {s.key for s in states}
@@ -491,6 +503,9 @@ def test_all_scheduler_steps_every_ready_request():
     ('scheduler = "cost"\nthroughput_floor = 1.5', "throughput_floor=1.5; allowed: a number in (0, 1]"),
     ('scheduler = "cost"\nmax_slowdown = 0.5', "max_slowdown=0.5; allowed: a number >= 1"),
     ('scheduler = "cost"\ntarget_utilisation = 0', "target_utilisation=0; allowed: a number in (0, 1]"),
+    ('scheduler = "cost"\nlate_queue_ms = -1', "late_queue_ms=-1; allowed: a number of milliseconds >= 0"),
+    ('scheduler = "cost"\nlate_queue_ms = true', "late_queue_ms=True; allowed: a number of milliseconds >= 0"),
+    ('late_queue_ms = 3', 'late_queue_ms=3 needs scheduler = "cost" (its cost curve predicts when a step ends)'),
 ])
 def test_bad_scheduler_options_fail_at_load_naming_the_allowed_values(tmp_path, engine, message):
     base = (ROOT / "configs" / "tiny-pixart-sigma.toml").read_text().replace('mode = "step"\n', "")

@@ -127,6 +127,11 @@ class EngineSection:
     cost_ewma: float = 0.3
     max_slowdown: float = 2.0
     target_utilisation: float = 0.8
+    # Step mode with scheduler "cost", on a GPU: 0 = dit queues each step as soon as the one before
+    # starts; > 0 = it holds the next step back until this many ms (plus its own measured time to
+    # queue one) before the running step's predicted end, so that a generation handed over
+    # meanwhile joins it instead of waiting behind it (ditserve/late_queue.py).
+    late_queue_ms: float = 0.0
 
     @property
     def generations(self) -> int:
@@ -386,6 +391,13 @@ def _check_scheduler(engine: EngineSection) -> None:
     value = engine.max_slowdown
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 1:
         raise ValueError(f"deployment [engine] max_slowdown={value!r}; allowed: a number >= 1")
+    value = engine.late_queue_ms
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ValueError(f"deployment [engine] late_queue_ms={value!r}; allowed: a number of milliseconds >= 0 "
+                         "(0 = queue each step as soon as the one before starts)")
+    if value and engine.scheduler != "cost":
+        raise ValueError(f"deployment [engine] late_queue_ms={value!r} needs scheduler = \"cost\" (its cost curve "
+                         f"predicts when a step ends), got scheduler={engine.scheduler!r}")
 
 
 def _check_cache(cache: CacheSection) -> None:

@@ -8,7 +8,10 @@ behind another group for more than one forward of each other group (bounded wait
 
 Each step's NaN/inf check is read one step late (`StepChecks`): waiting for it at once
 would idle the GPU between steps, while dit sends progress and Triton hands the request
-back. A step counts as done, and its progress is reported, once its check has passed. A
+back. Having queued a step, the host waits for the work queued before it (so at most one step
+is ever queued ahead) and stamps when that ended, the step's start (`StepReport.started_at`):
+dit's late queue forecasts the step's end from it (late_queue.py). A step counts as done, and
+its progress is reported, once its check has passed. A
 request's first step is checked at once (its progress is what time-to-first-step measures)
 and so is its last, before its latents leave. Groups holding a first step run first, and each
 group has its own checks, so that reading a first step's waits for its own forward only; the
@@ -54,6 +57,12 @@ class StepReport:
     confirmed: dict[str, int] = field(default_factory=dict)
     # Each forward that ran: (compatibility key, requests in it, its timer), for the cost model.
     timings: list[tuple[tuple, int, ForwardTimer]] = field(default_factory=list)
+    # When its last forward was queued, and when the device began it: when the work queued before
+    # it ended (the host waits for that), or when the step began if the device had run out of
+    # queued work by then (`ran_dry`: it idled; never on a CPU, where a step returns when done).
+    queued_at: float = 0.0
+    started_at: float = 0.0
+    ran_dry: bool = False
 
 
 class StepChecks:
@@ -190,6 +199,7 @@ class StepEngine:
                 raise RuntimeError(f"request {key} has no steps left")
             groups[state.compat_key, key in apart].append(state)
         previous = {key: self.table[key].unchecked for key in keys}
+        ahead = self.queued   # the end of the work queued before this step
         report = StepReport(0, [], 0.0)
         # Groups holding a request's first step go first, each with its own checks: that step's
         # progress (time to first step) then waits for its own forward, not for the other groups'.
@@ -205,6 +215,11 @@ class StepEngine:
                 for state, _, _ in entries:
                     state.unchecked = checks
                 self.queued = checks.ready
+        report.queued_at = time.monotonic()
+        report.ran_dry = ahead is not None and ahead.query()
+        if ahead is not None and not report.ran_dry:
+            ahead.synchronize()   # at most one step queued ahead; this one starts now
+        report.started_at = start if ahead is None or report.ran_dry else time.monotonic()
         self._read_checks(keys, previous, report)
         report.forwards, report.seconds = len(report.batch_sizes), time.monotonic() - start
         return report

@@ -471,6 +471,15 @@ class StepScheduler:
                     break
             self.model.profile(state.compat_key, curve)
 
+    def step_seconds(self, timings: list[tuple[tuple, int, ForwardTimer]]) -> float | None:
+        """The estimated device time of a step's forwards (engine.StepReport.timings), or None while
+        one of them is unmeasured or the scheduler learns no curve (`all`)."""
+        if self.kind != "cost":
+            return None
+        self.model.resolve()
+        estimates = [self.model.estimate(group, size) for group, size, _ in timings]
+        return None if None in estimates else sum(estimates)
+
     def observe(self, timings: list[tuple[tuple, int, ForwardTimer]]) -> None:
         """The forwards a step ran: (compatibility key, requests, timer)."""
         if self.kind == "cost":

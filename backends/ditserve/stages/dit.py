@@ -30,6 +30,7 @@ from ..cancellation import CancelRegistry
 from ..engine import StepEngine
 from ..faults import injector
 from ..handoff import Arrivals, ConditioningStore
+from ..late_queue import LateQueue
 from ..schema import GenerationParams, check_params
 from ..scheduler import StepScheduler
 from ..scratch import sweep_dead_servers, sweep_orphan_shm_regions
@@ -97,6 +98,7 @@ class DitStage:
             pb_utils.Logger.log_info(f"{args['model_name']}: removed {len(regions)} Triton stub region(s) from /dev/shm "
                                      "that no process maps (left by servers that were killed)")
         self.metrics = DitMetrics(args["model_name"], uncounted=adapter.forward_calls)
+        self.late_queue = LateQueue(engine.late_queue_ms / 1000, count=self.metrics.count_late_queue)
 
     def _warm_request_path(self, adapter) -> None:
         """Short generations through a private engine (no fault rules, nothing left in the
@@ -158,8 +160,11 @@ class DitStage:
         that stays here saves the round trip through Triton's sequence batcher. The scheduler
         picks again before every step, from all of them, as it would in the next execute; the
         ones it passes over wait here instead of in Triton's queue. Before each step it may hold
-        for a generation that is being encoded (`_hold_for_arrival`)."""
+        until shortly before the running step ends (`[engine] late_queue_ms`) and for a generation
+        that is being encoded (`_hold_for_arrival`), returning if a newcomer can join the step."""
         for _ in range(self.deployment.engine.steps_per_execute):
+            if self.late_queue.hold(self.engine.device_busy, lambda: self._others_waiting(len(active))):
+                return
             if self._hold_for_arrival(len(active)):
                 return
             # The scheduler picks who steps; the rest keep their state and stay unstepped.
@@ -234,6 +239,8 @@ class DitStage:
             active.clear()
             return
         self.scheduler.observe(report.timings)
+        if self.late_queue.enabled:
+            self.late_queue.queued(report, self.scheduler.step_seconds(report.timings))
         if report.isolation_retries or report.failed:
             self.metrics.isolation_retries.increment(report.isolation_retries)
             self.metrics.step_failures.increment(len(report.failed))

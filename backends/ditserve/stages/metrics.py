@@ -95,6 +95,17 @@ class DitMetrics:
         self.arrival_holds = counter("ditserve_step_holds_total",
                                      "Steps dit held back while the GPU ran the one before, because a generation "
                                      "was being encoded and could join them (step mode)", model)
+        self.late_queue = {
+            "holds": counter("ditserve_late_queue_holds_total",
+                             "Steps dit held back until shortly before the running step's predicted end "
+                             "([engine] late_queue_ms), watching for newcomers", model),
+            "joins": counter("ditserve_late_queue_joins_total",
+                             "Late-queue holds that ended with a newcomer handed over, which then joined the "
+                             "held step", model),
+            "starved": counter("ditserve_late_queue_starved_total",
+                               "Held steps that found the device idle: queued after the step before had "
+                               "ended (each widens the hold's margin by 1 ms)", model),
+        }
         uncounted = uncounted or {}
         self.forwards = {
             "compiled": RunningTotal(counter("ditserve_compiled_forwards_total",
@@ -111,6 +122,10 @@ class DitMetrics:
         """Add what the transformer runner counted since the last call."""
         for path, total in self.forwards.items():
             total.update(calls[path])
+
+    def count_late_queue(self, event: str) -> None:
+        """One late-queue event (late_queue.LateQueue.count): "holds", "joins" or "starved"."""
+        self.late_queue[event].increment(1)
 
     def count_cache_hits(self, total: int) -> None:
         """Add the adapter's cache hits since the last call."""
