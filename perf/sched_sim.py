@@ -39,6 +39,13 @@ Model of the server (assumptions; the numbers come from the control JSON):
   are reported when the last group holding one has run (engine.py's checks, one per group). The
   `cost` scheduler has learned each shape's forward at size 1 before the trace (the matched
   control's solo phase does that; simulated here the same way).
+- When a newcomer can join (--queue): `late` (the default, and the model of every run before
+  session 37) lets one ready by the end of a round join the next, as `[engine] late_queue_ms`
+  would with no margin; `ahead` models dit as it queues by default: it decides each round when
+  the round before starts, so a newcomer joins the first round decided after it is ready, or
+  the next one if its public model announced it --encode-ms before that decision and it was ready
+  before the running round ended (the hold, docs/scheduler.md). --late-queue adds a row: step:cost
+  with the late queue (`late`, less --late-margin-ms) while the other policies keep --queue.
 - Blind spot: every ready generation is in every execute here, so a newcomer always meets the
   running ones; on a real server Triton seldom hands dit a newcomer in the same execute as a
   running generation (perf/results/2026-12-03-cpu-h200-linear-s23.md). Rules about first steps
@@ -171,6 +178,9 @@ class Sim:
     slowdown: float
     timing_noise: float = 0.0     # sigma of the slowdown on the forward times the scheduler sees (not the clock's)
     seed: int = 0
+    queue: str = "late"           # when a newcomer can join a round (--queue: late | ahead)
+    encode_s: float = 0.02        # `ahead`: how long before it is ready a newcomer is announced (the hold)
+    late_margin_s: float = 0.0    # `late`: a newcomer ready this long before a round ends misses it
     forwards: list[int] = field(default_factory=list)
 
     def __post_init__(self):
@@ -184,18 +194,29 @@ class Sim:
     def forward_s(self, shape: Shape, k: int) -> float:
         return (self.costs[shape].step_s - self.overhead_s) * self.slowdown * batch_factor(shape, k, self.batching)
 
+    def joins_by(self, clock: float, decided_at: float, idle: bool) -> float:
+        """The latest ready time of a newcomer that joins the round starting at `clock`, which dit
+        decided at `decided_at` (the start of the round before). An idle device decides at once."""
+        if idle:
+            return clock
+        if self.queue == "late":
+            return clock - self.late_margin_s
+        return min(clock, decided_at + self.encode_s)   # decided before it was ready, unless held for it
+
     def run(self, entries: list[dict], scheduler, closed_batches: bool) -> list[SimRequest]:
         """Replay `entries`; `closed_batches`: admit only when dit is idle (request_batch)."""
         pending = sorted((SimRequest(f"r{i}", e["t"], shape_of(e), e["num_inference_steps"], e["t"] + self.pre_s)
                           for i, e in enumerate(entries)), key=lambda r: r.ready_at)
-        done, active, clock = [], [], 0.0
+        done, active, clock, decided_at = [], [], 0.0, 0.0
         while pending or active:
             if not (closed_batches and active):
-                while pending and pending[0].ready_at <= clock and len(active) < self.capacity:
+                joins_by = self.joins_by(clock, decided_at, idle=not active or closed_batches)
+                while pending and pending[0].ready_at <= joins_by and len(active) < self.capacity:
                     active.append(pending.pop(0))
             if not active:
-                clock = pending[0].ready_at
+                clock = decided_at = pending[0].ready_at
                 continue
+            decided_at = clock   # `ahead`: dit decides the next round as this one starts
             picked = scheduler.select(active, clock)   # once a round: it counts the newcomers' arrivals
             chosen = [r for r in active if r.key in picked]
             # first steps the scheduler runs in forwards of their own (none before session 36)
@@ -288,14 +309,17 @@ def stats(done: list[SimRequest], forwards: list[int]) -> dict:
 
 
 def simulate(entries: list[dict], sim_args: dict, old_module, options: dict,
-             measured_sizes: set[str] | None = None, inflation: dict[int, float] | None = None) -> dict:
+             measured_sizes: set[str] | None = None, inflation: dict[int, float] | None = None,
+             late_queue: bool = False) -> dict:
     """Every policy on `entries`, each after a solo pass over the trace's shapes (as the control's);
     with `measured_sizes`, also step:cost with its curve measured at load for those sizes (slowed
-    by `inflation`, see measure_at_load)."""
+    by `inflation`, see measure_at_load); with `late_queue`, also step:cost queued late."""
     results = {}
     solo_entries = {(shape_of(e), e["num_inference_steps"]): e for e in entries}
-    for policy in POLICIES + ("step:cost-old@load", "step:cost@load") * bool(measured_sizes):
-        sim, scheduler = Sim(**sim_args), make_scheduler(policy, old_module, options)
+    extra = ("step:cost-old@load", "step:cost@load") * bool(measured_sizes) + ("step:cost+late_queue",) * late_queue
+    for policy in POLICIES + extra:
+        late = {"queue": "late"} if policy == "step:cost+late_queue" else {"late_margin_s": 0.0}
+        sim, scheduler = Sim(**{**sim_args, **late}), make_scheduler(policy.partition("+")[0], old_module, options)
         if policy.endswith("@load"):
             measure_at_load(scheduler, sim, entries, measured_sizes, inflation)
         for entry in solo_entries.values():
@@ -368,6 +392,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile-inflation", default="", metavar="SIZE:FACTOR,...",
                    help="the profile at load ran slow at these sizes, e.g. 1:1.47,2:1.43,3:1.14,4:1.26 (the H200's "
                         "1024px CFG profile taken beside the T5 compile, session 22; other sizes 1.0)")
+    p.add_argument("--queue", default="late", choices=("late", "ahead"),
+                   help="when a newcomer can join a round (the docstring): late = by the round's end (every "
+                        "run before session 37), ahead = dit's default read-ahead with the hold")
+    p.add_argument("--encode-ms", type=float, default=20.0,
+                   help="--queue ahead: a newcomer is announced this long before it is ready (its encode)")
+    p.add_argument("--late-queue", action="store_true",
+                   help="also step:cost queued late ([engine] late_queue_ms) while the others keep --queue")
+    p.add_argument("--late-margin-ms", type=float, default=3.0,
+                   help="--late-queue: a newcomer ready this long before a round ends misses it (the margin, the "
+                        "host's queueing and, on a join, Triton's round trip and the admission)")
     p.add_argument("--out", default=None, help="write OUT.md and OUT.json")
     args = p.parse_args(argv)
     FORWARD_MS[1024] = CURVES_1024[args.curve_1024]
@@ -378,7 +412,8 @@ def main(argv: list[str] | None = None) -> int:
     slowdown = args.slowdown or measured_slowdown(controls[0]["reports"]["request_batch"], trace, costs)
     sim_args = dict(costs=costs, batching=args.batching, overhead_s=args.overhead_ms / 1000,
                     pre_s=args.pre_ms / 1000, capacity=args.capacity, slowdown=slowdown,
-                    timing_noise=args.timing_noise, seed=args.seed)
+                    timing_noise=args.timing_noise, seed=args.seed, queue=args.queue,
+                    encode_s=args.encode_ms / 1000, late_margin_s=args.late_margin_ms / 1000)
     old = load_old_scheduler(args.old_ref)
     inflation = {int(size): float(factor) for size, factor in
                  (item.split(":") for item in filter(None, args.profile_inflation.split(",")))}
@@ -394,7 +429,9 @@ def main(argv: list[str] | None = None) -> int:
            "assumptions": {"slowdown": round(slowdown, 3), "batching": args.batching, "curve_1024": args.curve_1024,
                            "overhead_ms": args.overhead_ms, "pre_ms": args.pre_ms, "capacity": args.capacity,
                            "max_slowdown": args.max_slowdown, "target_utilisation": args.target_utilisation, "old_ref": args.old_ref, "solo_mode": args.solo_mode,
-                           "measure_at_load": args.measure_at_load or None,
+                           "measure_at_load": args.measure_at_load or None, "queue": args.queue,
+                           "encode_ms": args.encode_ms, "late_queue": args.late_queue,
+                           "late_margin_ms": args.late_margin_ms,
                            "profile_inflation": args.profile_inflation or None},
            "costs_ms": {f"{s.height}x{s.width}-{'cfg' if s.cfg else 'nocfg'}":
                         {"step": round(c.step_s * 1000, 1), "fixed": round(c.fixed_s * 1000, 1)}
@@ -408,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
         sizes = ({f"{e['height']}x{e['width']}" for e in entries} if args.measure_at_load == "all"
                  else set(filter(None, args.measure_at_load.split(","))))
         out["scenarios"].append({"label": label, "results": simulate(entries, sim_args, old, options, sizes,
-                                                                     inflation)})
+                                                                     inflation, args.late_queue)})
     text = render(out)
     print(text)
     if args.out:
