@@ -204,10 +204,11 @@ def run_staggered(url: str, requests: list[GenerationRequest], task: str = "txt2
     return [call.finish() for call in calls]
 
 
-def run_staggered_batched(server, requests: list[GenerationRequest], task: str) -> list[tuple[list, object]]:
+def run_staggered_batched(server, requests: list[GenerationRequest], task: str,
+                          wait_steps: int = 1) -> list[tuple[list, object]]:
     """`run_staggered`, and check that at least one dit forward held more than one request."""
     shared_before = histogram_above(server.metrics_url, "ditserve_step_batch_size", "dit", "1")
-    results = run_staggered(server.grpc_url, requests, task=task)
+    results = run_staggered(server.grpc_url, requests, task=task, wait_steps=wait_steps)
     assert histogram_above(server.metrics_url, "ditserve_step_batch_size", "dit", "1") > shared_before
     return results
 
