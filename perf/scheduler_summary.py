@@ -65,21 +65,31 @@ def read_reports(source: Path) -> list[dict]:
     return sorted(found.values(), key=lambda r: (r.get("load") or {}).get("fraction") or 0.0)
 
 
+def compare(report: dict, runs: dict, base: str, other: str) -> tuple[dict, dict]:
+    """`other`'s ratios to `base` ({"other/base": {metric: ratio}}) and their 95 % paired-bootstrap
+    intervals (reports written since 2026-12-03, session 21, hold each request's latency)."""
+    by_request = [report["reports"][mode].get("e2el_ms_by_request") for mode in (base, other)]
+    intervals = {}
+    if all(by_request):
+        intervals = {"p50_ms": paired_interval(*by_request, statistics.median),
+                     "mean_ms": paired_interval(*by_request, statistics.fmean)}
+    a, b = runs[base], runs[other]
+    return {f"{other}/{base}": {key: round(b[key] / a[key], 3) if a[key] and b[key] is not None else None
+                                for key in RATIOS}}, intervals
+
+
 def summarise(label: str, report: dict) -> dict:
-    """One trace at one load: each mode's numbers and the compared mode's ratios to the first."""
+    """One trace at one load: each mode's numbers, the last mode's ratios to the first, and with
+    three modes or more the last one's to the one before it (an A/B of one setting, e.g.
+    `request_batch,step:cost,step:cost+late_queue_ms=2`)."""
     modes = report["modes"]
     runs = {mode: {key: report["reports"][mode].get(src) for key, src in METRICS.items()} for mode in modes}
     for run in runs.values():   # issue 22's bound: time to first step p50 <= one step + 50 ms
         if run["ttfs_p50_ms"] is not None and run["mean_step_ms"] is not None:
             run["ttfs_p50_over_one_step_ms"] = round(run["ttfs_p50_ms"] - run["mean_step_ms"], 1)
-    base, other = runs[modes[0]], runs[modes[-1]]
     load = report.get("load") or {}
-    by_request = {mode: report["reports"][mode].get("e2el_ms_by_request") for mode in (modes[0], modes[-1])}
-    intervals = {}
-    if all(by_request.values()):
-        first, last = by_request[modes[0]], by_request[modes[-1]]
-        intervals = {"p50_ms": paired_interval(first, last, statistics.median),
-                     "mean_ms": paired_interval(first, last, statistics.fmean)}
+    ratios, intervals = compare(report, runs, modes[0], modes[-1])
+    ab, ab_intervals = compare(report, runs, modes[-2], modes[-1]) if len(modes) > 2 else ({}, {})
     return {
         "ladder": label,
         "trace": report["reports"][modes[0]].get("source"),
@@ -88,15 +98,15 @@ def summarise(label: str, report: dict) -> dict:
         "offered_req_s": report["reports"][modes[0]].get("offered_request_rate"),
         "command": report.get("command"),
         "runs": runs,
-        "ratios": {f"{modes[-1]}/{modes[0]}": {
-            key: round(other[key] / base[key], 3) if base[key] and other[key] is not None else None
-            for key in RATIOS}},
-        # 95 % paired-bootstrap intervals of those ratios (reports written since 2026-12-03, session 21)
+        "ratios": ratios,
         "ratio_intervals_95": intervals,
+        "ab_ratios": ab,
+        "ab_ratio_intervals_95": ab_intervals,
     }
 
 
-def table(rows: list[dict]) -> str:
+def table(rows: list[dict], kind: str = "ratio") -> str:
+    """The ratios (`kind` "ratio": last mode / first) or the A/B (`kind` "ab_ratio": last / the one before)."""
     lines = ["| ladder | load (offered req/s) | p50 | p99 | mean | throughput | TTFS p50 | TTFS p50 ms | "
              "TTFS p50 - one step, ms (bound 50) | mean step batch |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -104,11 +114,11 @@ def table(rows: list[dict]) -> str:
     def cell(row: dict, ratios: dict, key: str) -> str:
         if ratios[key] is None:
             return "-"
-        interval = row["ratio_intervals_95"].get(key)
+        interval = row[f"{kind}_intervals_95"].get(key)
         return f"{ratios[key]:.2f}x" + (f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "")
 
     for row in rows:
-        (pair, r), = row["ratios"].items()
+        (pair, r), = row[f"{kind}s"].items()
         base, other = (row["runs"][m] for m in pair.split("/")[::-1])
         fraction = row["load_fraction"]
         lines.append(
@@ -135,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"{spec!r}: expected LABEL=PATH, e.g. '1024px=perf/results/.../call1-sched-1024'")
         rows += [summarise(label, report) for report in read_reports(Path(path))]
     print(table(rows))
+    if any(row["ab_ratios"] for row in rows):
+        print("\nA/B: the last mode against the one before it\n")
+        print(table([row for row in rows if row["ab_ratios"]], "ab_ratio"))
     if args.out:
         notes = dict(note.split("=", 1) for note in args.note)
         args.out.write_text(json.dumps({**notes, "traces": rows}, indent=1) + "\n")

@@ -50,6 +50,22 @@ def test_reports_in_a_folder_and_its_tarball_count_once_per_load(tmp_path: Path)
     assert written["traces"][0]["ratio_intervals_95"] == {}   # no per-request latencies: no interval
 
 
+def test_three_modes_give_the_last_ones_ratios_to_the_first_and_to_the_one_before(tmp_path: Path, capsys) -> None:
+    """`request_batch,step:cost,step:cost+late_queue_ms=2`: issue 22's ratios and the A/B of one key."""
+    body = report(0.8, 1000.0, 800.0)
+    late = {**body["reports"]["step:cost"], "p50_e2el_ms": 720.0, "p50_ttfs_ms": 80.0}
+    body = {**body, "modes": [*body["modes"], "step:cost+late_queue_ms=2"],
+            "reports": {**body["reports"], "step:cost+late_queue_ms=2": late}}
+    (tmp_path / "x-matched-control-load0p8.json").write_text(json.dumps(body))
+    out = tmp_path / "summary.json"
+    assert summary.main(["mixed=" + str(tmp_path), "--out", str(out)]) == 0
+    row, = json.loads(out.read_text())["traces"]
+    assert row["ratios"]["step:cost+late_queue_ms=2/request_batch"]["p50_ms"] == 0.72
+    assert row["ab_ratios"]["step:cost+late_queue_ms=2/step:cost"]["p50_ms"] == 0.9
+    assert row["ab_ratios"]["step:cost+late_queue_ms=2/step:cost"]["ttfs_p50_ms"] == 0.8
+    assert "A/B: the last mode against the one before it" in capsys.readouterr().out
+
+
 def test_paired_intervals_bracket_the_ratio_and_shrink_when_every_request_moves_alike() -> None:
     base = [100.0 + 10 * i for i in range(40)]
     uniform = summary.paired_interval(base, [0.8 * b for b in base], summary.statistics.median)
