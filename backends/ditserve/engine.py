@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 import torch
 
 from .adapters.base import FamilyAdapter
+from .emulated_device import EmulatedDevice, EmulatedEvent
 from .faults import FaultInjector, Subject
 from .isolation import isolating_failures
 from .scheduler import ForwardTimer
@@ -72,7 +73,8 @@ class StepChecks:
     The flags go to the host asynchronously (pinned memory, a CUDA event) so that reading
     them waits for this group's work only, never for a group or a step queued after it."""
 
-    def __init__(self, entries: list[tuple[RequestState, tuple[str, str], tuple[torch.Tensor, torch.Tensor]]]):
+    def __init__(self, entries: list[tuple[RequestState, tuple[str, str], tuple[torch.Tensor, torch.Tensor]]],
+                 emulated: EmulatedDevice | None = None):
         flags = torch.stack([flag for _, _, pair in entries for flag in pair]).reshape(-1, 2)
         self.ready = None
         if flags.is_cuda:
@@ -81,6 +83,8 @@ class StepChecks:
             self.ready = torch.cuda.Event()
             self.ready.record(torch.cuda.current_stream(flags.device))
             flags = host
+        elif emulated is not None:   # a GPU's queue emulated on the CPU: ready when its work has run
+            self.ready = emulated.event()
         self.flags = flags
         self.values: list[list[bool]] | None = None
         # key -> (row in flags, step number, "denoise step k/N", "(in a forward of n requests)")
@@ -165,8 +169,13 @@ class StepEngine:
     def __init__(self, adapter: FamilyAdapter, faults: FaultInjector | None = None):
         self.adapter = adapter
         self.faults = faults or FaultInjector()
+        self.emulated = self.faults.device   # a GPU's queue emulated on a CPU (faults `device`), or None
+        if self.emulated is not None and adapter.device.type != "cpu":
+            raise ValueError(f"deployment [faults] action \"device\" emulates a GPU's queue on a CPU host; this "
+                             f"dit runs on {adapter.device}: use action \"sleep\", or none")
         self.table: dict[str, RequestState] = {}
-        self.queued: torch.cuda.Event | None = None   # recorded after the last step's work (CUDA only)
+        # recorded after the last step's work (CUDA, or an emulated device); None on a plain CPU
+        self.queued: torch.cuda.Event | EmulatedEvent | None = None
         self.admission = AdmissionStream(adapter.device)
 
     def __contains__(self, key: str) -> bool:
@@ -211,7 +220,7 @@ class StepEngine:
             entries = []
             self._step_group(states, report, entries)
             if entries:  # queued on the device; read at the request's next step
-                checks = StepChecks(entries)
+                checks = StepChecks(entries, self.emulated)
                 for state, _, _ in entries:
                     state.unchecked = checks
                 self.queued = checks.ready
@@ -256,7 +265,8 @@ class StepEngine:
 
     def _forward_and_step(self, states: list[RequestState], report: StepReport, entries: list) -> None:
         """Raises only from the forward, before any state changed; scheduler failures are per request."""
-        timer = ForwardTimer(states[0].latents.device)   # an injected sleep counts: it emulates a GPU's forward
+        # an injected sleep counts (it emulates a GPU's forward), as does an emulated device's time
+        timer = ForwardTimer(states[0].latents.device, self.emulated)
         outputs = self.faults.at("denoise", [_subject(s) for s in states], self.adapter.denoise(states))
         timer.stop()
         report.batch_sizes.append(len(states))
@@ -286,18 +296,20 @@ class StepEngine:
 
     def device_busy(self) -> bool:
         """Whether the device is still running a step queued here (never on a CPU, where a step
-        returns when its work is done)."""
+        returns when its work is done, unless the deployment emulates a device: faults `device`)."""
         return self.queued is not None and not self.queued.query()
 
     def time_forward(self, states: list[RequestState]) -> float:
         """Seconds of one forward over `states` as a step runs it (injected faults included),
         waited for; nothing is stepped. The `cost` scheduler measures its curve with it at load."""
         device = states[0].latents.device
-        timer = ForwardTimer(device)
+        timer = ForwardTimer(device, self.emulated)
         self.faults.at("denoise", [_subject(s) for s in states], self.adapter.denoise(states))
         timer.stop()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
+        if self.emulated is not None:
+            self.emulated.event().synchronize()
         return timer.seconds()
 
     def release(self, key: str) -> RequestState | None:

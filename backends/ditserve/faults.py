@@ -5,11 +5,11 @@ fires at one named point of the pipeline for the requests it selects:
 
     [[faults.rules]]
     point = "denoise"            # see POINTS
-    action = "raise"             # raise | sleep | nan
+    action = "raise"             # raise | sleep | nan | device (denoise only)
     marker = "#fault-denoise"    # requests whose prompt contains it ("" = every request)
     height = 0                   # requests of this image height (0 = any)
     step = 0                     # only at this denoise step, 1-based (0 = any; denoise/scheduler_step only)
-    seconds = 0.0                # how long `sleep` sleeps
+    seconds = 0.0                # how long `sleep` sleeps (`device`: occupies the emulated device)
     seconds_per_row = 0.0        # `sleep` also sleeps this long per selected row (request or image)
 
 `raise` fails the whole call that contains a selected request (a batched forward fails
@@ -17,7 +17,9 @@ for every row in it, as a real exception would); `sleep` stalls it; `nan` poison
 selected requests' rows with NaN, which the stages must detect. A `sleep` of `seconds +
 seconds_per_row x rows` also lets a tiny CPU pipeline keep a GPU's per-step and per-image
 timings (perf/deployments/tiny-pixart-sigma-h200-timing.toml), to reproduce timing-dependent
-behaviour without the GPU. The stages call
+behaviour without the GPU. `device` (dit's forwards on a CPU only) spends that time on an emulated
+device instead of the host (emulated_device.py): dit then queues ahead of it, holds steps and
+reads checks late as it does on a GPU. The stages call
 `FaultInjector.at(point, subjects, values)` once per point; with no rules it returns at once.
 """
 from __future__ import annotations
@@ -27,10 +29,12 @@ import time
 from dataclasses import dataclass, fields
 from typing import Any, Sequence
 
+from .emulated_device import EmulatedDevice
+
 # point -> (where it runs, actions it supports)
 POINTS = {
     "encode": ("text_encoder: after the T5 forward of a batch", ("raise", "sleep", "nan")),
-    "denoise": ("dit: after the transformer forward of a compatibility group", ("raise", "sleep", "nan")),
+    "denoise": ("dit: after the transformer forward of a compatibility group", ("raise", "sleep", "nan", "device")),
     "scheduler_step": ("dit: after one request's scheduler step", ("raise", "sleep", "nan")),
     "decode": ("vae_decode: before the VAE decode of a batch (sees no prompt: select by height)",
                ("raise", "sleep", "nan")),
@@ -75,9 +79,9 @@ class FaultRule:
                              "select by height")
         if self.step and self.point not in STEPPED:
             raise ValueError(f"[faults] rule at {self.point!r} cannot select a step; only {sorted(STEPPED)} can")
-        if self.action == "sleep" and (self.seconds < 0 or self.seconds_per_row < 0
-                                       or self.seconds + self.seconds_per_row <= 0):
-            raise ValueError(f"[faults] sleep rule at {self.point!r} needs seconds > 0 or seconds_per_row > 0 "
+        if self.action in ("sleep", "device") and (self.seconds < 0 or self.seconds_per_row < 0
+                                                   or self.seconds + self.seconds_per_row <= 0):
+            raise ValueError(f"[faults] {self.action} rule at {self.point!r} needs seconds > 0 or seconds_per_row > 0 "
                              f"(neither negative)")
 
     def selects(self, subject: Subject) -> bool:
@@ -112,6 +116,8 @@ class FaultInjector:
         self.by_point: dict[str, list[FaultRule]] = {}
         for rule in rules:
             self.by_point.setdefault(rule.point, []).append(rule)
+        # what `device` rules occupy (the engine reads its events); None without one
+        self.device = EmulatedDevice() if any(rule.action == "device" for rule in rules) else None
         if rules:
             listed = "; ".join(rule.describe() for rule in rules)
             print(f"ditserve {owner}: FAULT INJECTION ENABLED by the deployment: {listed}", file=sys.stderr, flush=True)
@@ -131,6 +137,8 @@ class FaultInjector:
                 continue
             if rule.action == "sleep":
                 time.sleep(rule.seconds + rule.seconds_per_row * len(rows))
+            elif rule.action == "device":
+                self.device.occupy(rule.seconds + rule.seconds_per_row * len(rows))
             elif rule.action == "raise":
                 raise InjectedFault(f"injected fault: {rule.describe()}")
             elif rule.action == "nan" and values is not None:

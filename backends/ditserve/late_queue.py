@@ -64,26 +64,28 @@ class LateQueue:
 
     def hold(self, device_busy: Callable[[], bool], newcomer: Callable[[], bool]) -> bool:
         """Before the next step: wait while the device runs the step queued last, until shortly
-        before its predicted end. True as soon as `newcomer()` says a generation that could join
-        the next step has arrived (dit then returns to Triton so that it does). One already there
-        when the hold begins did not come with this execute (Triton holds it back, or it was
-        cancelled after its hand-over): waiting for it could stall every step, so there is no hold."""
+        before its predicted end. True while `newcomer()` says a generation that could join the
+        next step is waiting (dit then returns to Triton so that it does). A public model hands
+        the conditioning over just before it sends its request to dit, so the execute that
+        follows a return may still lack it: until the deadline dit returns again (each time a
+        round trip through Triton, while the device still runs), and past it the step is queued
+        without it; a hand-over whose request never comes therefore costs no step."""
         if not self.enabled:
             return False
         joined = held = False
-        if self.ends_at is not None and not newcomer():
+        if self.ends_at is not None:
             deadline = self.ends_at - self.margin_s - self.host_s - self.starved_margin_s
             while self.clock() < deadline and device_busy():
-                held = True
-                self.sleep(self.poll_s)
                 if newcomer():
                     joined = True
                     break
+                held = True
+                self.sleep(self.poll_s)
         if held:
             self.count("holds")
-        if joined:
+        if joined and held:   # a newcomer came during a hold (a return for one already there is not counted)
             self.count("joins")
-        # A step queued after a join waited for Triton's round trip and an admission as well:
+        # A step queued after a return waited for Triton's round trip and an admission as well:
         # not the margin's doing, so it teaches the margin nothing.
         self.held = held and not joined
         self.woke_at = None if joined else self.clock()

@@ -62,27 +62,37 @@ from typing import Callable
 
 import torch
 
+from .emulated_device import EmulatedDevice
+
 
 class ForwardTimer:
     """Time of one forward without waiting for it: CUDA events on a GPU (read once the work
-    has finished; the engine never synchronises just to time), the wall clock on a CPU."""
+    has finished; the engine never synchronises just to time), the wall clock on a CPU, or the
+    timeline of a device emulated on the CPU (`emulated`, ditserve/emulated_device.py)."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, emulated: EmulatedDevice | None = None):
         self.stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
+        self.emulated = emulated
         if self.stream is not None:
             self.begin, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             self.begin.record(self.stream)
+        elif emulated is not None:   # the forward starts when the work queued before it is done
+            self.begin = max(time.monotonic(), emulated.busy_until)
         else:
             self.begin = time.perf_counter()
 
     def stop(self) -> None:
         if self.stream is not None:
             self.end.record(self.stream)
+        elif self.emulated is not None:
+            self.end = self.emulated.busy_until
         else:
             self.end = time.perf_counter()
 
     def seconds(self) -> float | None:
-        """The forward's duration, or None while its GPU work is still running."""
+        """The forward's duration, or None while its (GPU or emulated) work is still running."""
+        if self.emulated is not None:
+            return self.end - self.begin if time.monotonic() >= self.end else None
         if self.stream is None:
             return self.end - self.begin
         return self.begin.elapsed_time(self.end) / 1000.0 if self.end.query() else None

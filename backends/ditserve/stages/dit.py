@@ -163,6 +163,7 @@ class DitStage:
         until shortly before the running step ends (`[engine] late_queue_ms`) and for a generation
         that is being encoded (`_hold_for_arrival`), returning if a newcomer can join the step."""
         for _ in range(self.deployment.engine.steps_per_execute):
+            began = time.monotonic()
             if self.late_queue.hold(self.engine.device_busy, lambda: self._others_waiting(len(active))):
                 return
             if self._hold_for_arrival(len(active)):
@@ -172,7 +173,7 @@ class DitStage:
             if len(chosen) < len(active):
                 self.metrics.scheduler_waits.increment(len(active) - len(chosen))
             apart = self.scheduler.apart([self.engine.table[key] for key in chosen])
-            self._step([(k, r) for k, r in active if k in chosen], apart)
+            self._step([(k, r) for k, r in active if k in chosen], apart, began)
             going_on = [(k, r) for k, r in active if k in self.engine and not self._ended_by_client(r, k)]
             if len(going_on) < len(active) or self._others_waiting(len(active)):
                 return
@@ -226,9 +227,11 @@ class DitStage:
         self.engine.admit(key, params, TextConditioning(tensors["embeds"], tensors["mask"], extra=extra))
         self.metrics.admission_seconds.observe(time.monotonic() - start)
 
-    def _step(self, active: list, apart: Collection[str] = ()) -> None:
+    def _step(self, active: list, apart: Collection[str] = (), began: float | None = None) -> None:
         """One denoise step for every active request (the first steps in `apart` in forwards of
-        their own); finished ones get their final response."""
+        their own); finished ones get their final response. `began`: when the burst began on this
+        step, holds included, so that with steps back to back the step duration observed is the
+        time between them (the device's step), wherever the host waited for it."""
         if not active:
             return
         try:
@@ -250,7 +253,7 @@ class DitStage:
                 active.remove((key, request))
         for size in report.batch_sizes:
             self.metrics.step_batch.observe(size)
-        self.metrics.step_seconds.observe(report.seconds)
+        self.metrics.step_seconds.observe(report.seconds if began is None else time.monotonic() - began)
         self.metrics.count_forwards(self.engine.adapter.forward_calls)
         self.metrics.count_cache_hits(self.engine.adapter.cache_hits)
         self.metrics.active.set(len(active))

@@ -74,8 +74,8 @@ class DitMetrics:
         self.active = gauge("ditserve_active_generations", "Generations stepped in the last dit execute", model)
         self.step_batch = histogram("ditserve_step_batch_size", "Requests per transformer forward", model,
                                     BATCH_BUCKETS)
-        self.step_seconds = histogram("ditserve_step_duration_seconds", "Wall time of one dit step (all groups)",
-                                      model, SECONDS_BUCKETS)
+        self.step_seconds = histogram("ditserve_step_duration_seconds", "Wall time of one dit step (all groups), "
+                                      "in step mode with the holds before it", model, SECONDS_BUCKETS)
         self.admission_seconds = histogram("ditserve_admission_duration_seconds",
                                            "Wall time to admit one generation: its conditioning taken and moved "
                                            "to the device, its noise and scheduler made", model, SECONDS_BUCKETS)

@@ -1,0 +1,87 @@
+"""A GPU's queue emulated on the CPU (faults action `device`, ditserve/emulated_device.py): the
+engine queues ahead of it and reads checks late, and on a real tritonserver dit holds steps and
+newcomers join them through the late queue (`[engine] late_queue_ms`), as on a GPU, with every
+image still diffusers'."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from conftest import ROOT, TINY_PIXART, rendered_server, serve
+from ditserve.adapters import adapter_for
+from ditserve.client import GenerationRequest
+from ditserve.deployment import load_deployment, write_variant
+from ditserve.engine import StepEngine
+from ditserve.faults import FaultRule, injector
+from ditserve.schema import GenerationParams
+from helpers import StreamCall, delta_of, scrape
+from test_engine import _cond
+from test_step_batching import assert_each_streamed_and_matches
+
+FORWARD_S = 0.05
+
+
+def emulated_deployment(path, engine: dict, seconds: float):
+    write_variant(ROOT / "configs" / "tiny-pixart-sigma.toml", path, engine, "tests/test_emulated_device.py")
+    with path.open("a") as toml:
+        toml.write(f'\n[[faults.rules]]\npoint = "denoise"\naction = "device"\nseconds = {seconds}\n')
+    return path
+
+
+def test_the_engine_queues_ahead_of_an_emulated_device(tmp_path):
+    deployment = load_deployment(emulated_deployment(tmp_path / "emulated.toml", {}, FORWARD_S))
+    engine = StepEngine(adapter_for(deployment.model.family)(deployment, "dit"), injector(deployment, "dit"))
+    params = GenerationParams("p", "", 64, 64, 6, 4.5, 1)
+    engine.admit("g", params, _cond(params))
+    start = time.monotonic()
+    engine.step(["g"])   # a first step is checked at once: the host waits for its forward
+    assert time.monotonic() - start >= FORWARD_S and not engine.device_busy()
+    engine.step(["g"])   # a middle step: queued, the host goes on
+    assert engine.device_busy(), "the host returned while the emulated forward still runs"
+    report = engine.step(["g"])
+    assert not report.ran_dry and report.started_at > report.queued_at, "began when the step before ended"
+    time.sleep(2 * FORWARD_S)
+    report = engine.step(["g"])
+    assert report.ran_dry, "queued on an idle device"
+    (_, _, timer), = report.timings
+    time.sleep(FORWARD_S)
+    assert timer.seconds() == pytest.approx(FORWARD_S, abs=0.02), "the cost model sees the device's time"
+    engine.release("g")
+
+
+def test_only_dit_forwards_can_occupy_an_emulated_device():
+    with pytest.raises(ValueError, match="action='device'; allowed there"):
+        FaultRule(point="encode", action="device", seconds=0.01)
+    with pytest.raises(ValueError, match="device rule at 'denoise' needs seconds > 0"):
+        FaultRule(point="denoise", action="device")
+
+
+@pytest.fixture(scope="module")
+def late_server(tmp_path_factory):
+    path = tmp_path_factory.mktemp("late-queue") / "tiny-pixart-late.toml"
+    emulated_deployment(path, {"scheduler": "cost", "late_queue_ms": 3.0, "capacity": 8}, 0.03)
+    yield from serve(rendered_server(tmp_path_factory, path, TINY_PIXART, "late-server"))
+
+
+def test_newcomers_join_held_steps_and_every_image_is_diffusers(late_server, diffusers_pixart):
+    """A 40-step request runs on a device emulated at 30 ms a forward; five newcomers arrive one
+    after another while it runs. dit holds each next step until shortly before the running one
+    ends, and newcomers handed over meanwhile join it: holds and joins are counted, every
+    request streams every step, and every image equals diffusers'."""
+    requests = [GenerationRequest("a red cat", seed=1, num_inference_steps=40)]
+    requests += [GenerationRequest(f"a blue bird {i}", seed=10 + i, num_inference_steps=6) for i in range(5)]
+    before = scrape(late_server.metrics_url)
+    calls = [StreamCall(late_server.grpc_url, requests[0]).start()]
+    for request in requests[1:]:
+        calls[-1].wait_progress(2)
+        calls.append(StreamCall(late_server.grpc_url, request).start())
+    results = [call.finish() for call in calls]
+    after = scrape(late_server.metrics_url)
+
+    assert_each_streamed_and_matches(requests, results, diffusers_pixart)
+    delta = delta_of(before, after, "dit")
+    assert delta("ditserve_late_queue_holds_total") > 0, "dit held steps while the emulated device ran"
+    assert delta("ditserve_late_queue_joins_total") > 0, "a newcomer ended a hold and joined the held step"
+    assert delta("ditserve_step_batch_size_sum") == sum(r.num_inference_steps for r in requests)
+    assert after.get(("ditserve_state_table_size", "dit")) == 0
