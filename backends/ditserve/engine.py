@@ -60,7 +60,7 @@ class StepReport:
     timings: list[tuple[tuple, int, ForwardTimer]] = field(default_factory=list)
     # When its last forward was queued, and when the device began it: when the work queued before
     # it ended (the host waits for that), or when the step began if the device had run out of
-    # queued work by then (`ran_dry`: it idled; never on a CPU, where a step returns when done).
+    # queued work by then (`ran_dry`: it idled; never on a plain CPU, where a step returns when done).
     queued_at: float = 0.0
     started_at: float = 0.0
     ran_dry: bool = False
