@@ -12,7 +12,8 @@ plus the `cost` scheduler's estimate of its forwards. The hold ends that long be
 `late_queue_ms`, plus the host's own time to queue a step (its slowest lately), plus a margin
 that grows by `STARVED_STEP_S` each time a held step found the device idle and shrinks again over
 the held steps that did not. So a forecast or a host slower than expected costs a few idle steps,
-not every step. A CPU never holds: a step there returns when its work is done.
+not every step. A CPU never holds (a step there returns when its work is done) unless the
+deployment emulates a GPU's queue (faults action `device`, emulated_device.py).
 """
 from __future__ import annotations
 
