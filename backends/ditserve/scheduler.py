@@ -85,14 +85,14 @@ class ForwardTimer:
         if self.stream is not None:
             self.end.record(self.stream)
         elif self.emulated is not None:
-            self.end = self.emulated.busy_until
+            self.end = self.emulated.event()
         else:
             self.end = time.perf_counter()
 
     def seconds(self) -> float | None:
         """The forward's duration, or None while its (GPU or emulated) work is still running."""
         if self.emulated is not None:
-            return self.end - self.begin if time.monotonic() >= self.end else None
+            return self.end.at - self.begin if self.end.query() else None
         if self.stream is None:
             return self.end - self.begin
         return self.begin.elapsed_time(self.end) / 1000.0 if self.end.query() else None
