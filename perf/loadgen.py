@@ -487,8 +487,8 @@ def bucket_counts(before: dict, after: dict, name: str, model: str) -> dict[str,
 
 
 # Steps dit held back (docs/scheduler.md): for an announced arrival, and queued late (`late_queue_ms`).
-HOLD_COUNTERS = {"arrival": "step_holds", "late": "late_queue_holds", "late_joins": "late_queue_joins",
-                 "late_starved": "late_queue_starved"}
+HOLD_COUNTERS = {"arrival": "ditserve_step_holds_total", "late": "ditserve_late_queue_holds_total",
+                 "late_joins": "ditserve_late_queue_joins_total", "late_starved": "ditserve_late_queue_starved_total"}
 OUTCOME_COUNTERS = {"completed": "ditserve_requests_completed_total", "cancelled": "ditserve_requests_cancelled_total",
                     "failed": "ditserve_requests_failed_total"}
 
@@ -567,8 +567,7 @@ def server_summary(before: dict, after: dict, model: str = MODEL) -> dict:
     out["step_batch_size_histogram"] = bucket_counts(before, after, "ditserve_step_batch_size", dit)
     out["mean_step_duration_ms"] = _ms(histogram_mean(before, after, "ditserve_step_duration_seconds", dit))
     out["ttfs_split_ms"] = ttfs_split(before, after, model, out["server_mean_ttfs_ms"], out["stage_mean_ms"]["encode"])
-    out["dit_holds"] = {name: int(metric_delta(before, after, f"ditserve_{counter}_total", dit)) for name, counter in
-                        HOLD_COUNTERS.items()}
+    out["dit_holds"] = {name: int(metric_delta(before, after, counter, dit)) for name, counter in HOLD_COUNTERS.items()}
     return out
 
 
