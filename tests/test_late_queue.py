@@ -84,17 +84,38 @@ def test_nothing_to_hold_for_returns_at_once(case):
     assert device.now == 10.0 and not events
 
 
-def test_a_newcomer_whose_request_has_not_come_yet_is_waited_for_until_the_deadline_only():
+def test_a_newcomer_whose_request_has_not_come_yet_is_waited_for_while_the_device_runs():
     """The public model hands the conditioning over just before it sends dit the request, so an
     execute may find a hand-over without its request: dit returns again (no step queued) while
-    the deadline is ahead, and past it steps on, so a hand-over that never comes costs no step."""
-    device = Device(newcomer_at=9.0)   # handed over before this hold began
+    the device still runs, past the deadline too, and steps on once the device is idle."""
+    device = Device(newcomer_at=9.0, busy_until=10.060)   # handed over before this hold began
     queue, events = late(device)
     queue.queued(report(10.0), 0.050)
-    assert queue.hold(device.busy, device.newcomer) is True and device.now == 10.0, "returns at once"
+    handed_over = device.newcomer
+    assert queue.hold(device.busy, device.newcomer, handed_over) is True and device.now == 10.0, "returns at once"
     assert not events, "not a hold, nor a join: nothing was held for it"
-    device.now = 10.048
-    assert queue.hold(device.busy, device.newcomer) is False, "past the deadline: the step goes on without it"
+    device.now = 10.055
+    assert queue.hold(device.busy, device.newcomer, handed_over) is True, "past the deadline, the device still runs"
+    device.now = 10.060
+    assert queue.hold(device.busy, device.newcomer, handed_over) is False, "the device is idle: step on without it"
+
+
+def test_past_the_deadline_it_waits_while_a_generation_is_being_encoded():
+    """On a GPU the text encoder's kernels lengthen the running step beyond its forecast while a
+    newcomer is encoded: the hold goes on past the deadline until it is handed over (or the
+    device is idle), and such a hold does not widen the starvation margin."""
+    device = Device(busy_until=10.065, newcomer_at=10.060)
+    queue, events = late(device, margin_ms=3.0)
+    queue.queued(report(10.0), 0.050)            # forecast end 10.050; the step runs to 10.065
+    assert queue.hold(device.busy, device.newcomer, lambda: True) is True   # announced, then handed over
+    assert 10.060 <= device.now < 10.0605, "held past the deadline until the hand-over"
+    assert events == {"holds": 1, "joins": 1}
+    device.busy_until, device.newcomer_at = 10.120, float("inf")
+    queue.queued(report(10.065), 0.050)
+    assert queue.hold(device.busy, device.newcomer, lambda: True) is False, "announced, never handed over"
+    assert device.now == pytest.approx(10.120, abs=0.0003), "until the device ran out of work"
+    queue.queued(report(10.125, queued_at=device.now, ran_dry=True), 0.050)
+    assert "starved" not in events and queue.starved_margin_s == 0.0
 
 
 def test_the_hosts_queueing_time_moves_the_hold_earlier_and_falls_back_slowly():

@@ -12,7 +12,9 @@ plus the `cost` scheduler's estimate of its forwards. The hold ends that long be
 `late_queue_ms`, plus the host's own time to queue a step (its slowest lately), plus a margin
 that grows by `STARVED_STEP_S` each time a held step found the device idle and shrinks again over
 the held steps that did not. So a forecast or a host slower than expected costs a few idle steps,
-not every step. A CPU never holds (a step there returns when its work is done) unless the
+not every step. Past the deadline it still waits, while the device runs, for a generation that
+is announced or handed over (its step ran long: on a GPU the text encoder shares the device). A
+CPU never holds (a step there returns when its work is done) unless the
 deployment emulates a GPU's queue (faults action `device`, emulated_device.py).
 """
 from __future__ import annotations
@@ -63,24 +65,33 @@ class LateQueue:
         self.held, self.woke_at = False, None
         self.ends_at = None if predicted_s is None else report.started_at + predicted_s
 
-    def hold(self, device_busy: Callable[[], bool], newcomer: Callable[[], bool]) -> bool:
+    def hold(self, device_busy: Callable[[], bool], newcomer: Callable[[], bool],
+             arriving: Callable[[], bool] = lambda: False) -> bool:
         """Before the next step: wait while the device runs the step queued last, until shortly
         before its predicted end. True while `newcomer()` says a generation that could join the
-        next step is waiting (dit then returns to Triton so that it does). A public model hands
-        the conditioning over just before it sends its request to dit, so the execute that
-        follows a return may still lack it: until the deadline dit returns again (each time a
-        round trip through Triton, while the device still runs), and past it the step is queued
-        without it; a hand-over whose request never comes therefore costs no step."""
+        next step is waiting (dit then returns to Triton so that it does).
+
+        Past that deadline it goes on waiting while the device still runs and `arriving()` says a
+        generation is on its way (announced and being encoded, or handed over before its request
+        reached dit). On a GPU the text encoder's kernels share the device and lengthen the step
+        beyond its forecast exactly while a newcomer is being encoded, so the deadline alone let
+        H100 newcomers miss the step they were encoded for (session 38). A public model hands the
+        conditioning over just before it sends dit the request, so the execute that follows a
+        return may still lack it: dit returns again while the device runs. A hold past the deadline
+        ends with the device idle by design, so it teaches the starvation margin nothing."""
         if not self.enabled:
             return False
-        joined = held = False
+        joined = held = overran = False
         if self.ends_at is not None:
             deadline = self.ends_at - self.margin_s - self.host_s - self.starved_margin_s
-            while self.clock() < deadline and device_busy():
+            while device_busy():
+                past = self.clock() >= deadline
+                if past and not arriving():
+                    break
                 if newcomer():
                     joined = True
                     break
-                held = True
+                held, overran = True, overran or past
                 self.sleep(self.poll_s)
         if held:
             self.count("holds")
@@ -88,6 +99,6 @@ class LateQueue:
             self.count("joins")
         # A step queued after a return waited for Triton's round trip and an admission as well:
         # not the margin's doing, so it teaches the margin nothing.
-        self.held = held and not joined
+        self.held = held and not joined and not overran
         self.woke_at = None if joined else self.clock()
         return joined

@@ -164,7 +164,8 @@ class DitStage:
         that is being encoded (`_hold_for_arrival`), returning if a newcomer can join the step."""
         for _ in range(self.deployment.engine.steps_per_execute):
             began = time.monotonic()
-            if self.late_queue.hold(self.engine.device_busy, lambda: self._others_waiting(len(active))):
+            if self.late_queue.hold(self.engine.device_busy, lambda: self._others_waiting(len(active)),
+                                    self._arriving):
                 return
             if self._hold_for_arrival(len(active)):
                 return
@@ -194,6 +195,13 @@ class DitStage:
             return False
         self.metrics.arrival_holds.increment(1)
         return self._others_waiting(stepping)
+
+    def _arriving(self) -> bool:
+        """Whether a generation that could join the next step is on its way: announced (being
+        encoded) or handed over, with a slot free for it."""
+        if len(self.engine) >= self.deployment.engine.capacity:
+            return False
+        return self.arrivals.pending() or self.handoff.waiting()
 
     def _others_waiting(self, stepping: int) -> bool:
         """Whether a generation that is not in this execute could step next: one admitted earlier
