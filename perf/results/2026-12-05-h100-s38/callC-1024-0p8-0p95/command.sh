@@ -6,9 +6,9 @@ D=$OUT/c2; mkdir -p $D
 exec > >(tee $D/log.txt) 2>&1
 python scripts/build_full_size_random.py --out models/pixart-sigma-1024-random --device cuda --if-missing 2>&1 | tail -2
 echo "T build $SECONDS"
-timeout --signal=INT --kill-after=10 $((580 - SECONDS)) python perf/matched_control.py \
+timeout --signal=INT --kill-after=10 $((${LIMIT:-580} - SECONDS)) python perf/matched_control.py \
   --deployment configs/pixart-sigma-1024-random.toml \
-  --modes request_batch,step:cost,step:cost+late_queue_ms=2 --compare step:cost --capacity 16 \
+  --modes step:cost,step:cost+late_queue_ms=2 --compare step:cost --capacity 16 \
   --load-fractions 0.8,0.95 --saturation-seconds 30 --saturation-rps 0.93 \
   --accel transformer=eager_graphs text_encoder=cuda_graphs --num-requests 24 --sizes 1024 --steps 20 \
   --guidance 4.5 --seed 22 --server-timeout 120 --solo-repeats 1 --keep-workdir --out-dir $D/control 2>&1 \
