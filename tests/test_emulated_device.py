@@ -7,13 +7,16 @@ from __future__ import annotations
 import time
 
 import pytest
+import torch
 
 from conftest import ROOT, TINY_PIXART, rendered_server, serve
 from ditserve.adapters import adapter_for
 from ditserve.client import GenerationRequest
 from ditserve.deployment import load_deployment, write_variant
 from ditserve.engine import StepEngine
+from ditserve.emulated_device import EmulatedDevice, SharedWork
 from ditserve.faults import FaultRule, injector
+from ditserve.scheduler import ForwardTimer
 from ditserve.schema import GenerationParams
 from helpers import StreamCall, delta_of, scrape
 from test_engine import _cond
@@ -22,10 +25,14 @@ from test_step_batching import assert_each_streamed_and_matches
 FORWARD_S = 0.05
 
 
-def emulated_deployment(path, engine: dict, seconds: float):
+def emulated_deployment(path, engine: dict, seconds: float, encode_seconds: float = 0.0):
+    """The tiny deployment with dit's forwards on an emulated device (and the text encoder's
+    work too, time-sliced with them, with `encode_seconds`)."""
     write_variant(ROOT / "configs" / "tiny-pixart-sigma.toml", path, engine, "tests/test_emulated_device.py")
     with path.open("a") as toml:
         toml.write(f'\n[[faults.rules]]\npoint = "denoise"\naction = "device"\nseconds = {seconds}\n')
+        if encode_seconds:
+            toml.write(f'\n[[faults.rules]]\npoint = "encode"\naction = "device"\nseconds = {encode_seconds}\n')
     return path
 
 
@@ -50,25 +57,61 @@ def test_the_engine_queues_ahead_of_an_emulated_device(tmp_path):
     engine.release("g")
 
 
-def test_only_dit_forwards_can_occupy_an_emulated_device():
+def test_device_rules_are_for_the_stages_that_use_a_gpu():
+    for point in ("denoise", "encode", "decode"):
+        FaultRule(point=point, action="device", seconds=0.01)
     with pytest.raises(ValueError, match="action='device'; allowed there"):
-        FaultRule(point="encode", action="device", seconds=0.01)
+        FaultRule(point="output", action="device", seconds=0.01)
     with pytest.raises(ValueError, match="device rule at 'denoise' needs seconds > 0"):
         FaultRule(point="denoise", action="device")
+
+
+def test_another_stages_work_delays_dits_pending_work_and_waits_for_its_share(tmp_path):
+    """On a GPU the text encoder time-slices the device with dit's forwards: a piece of its work
+    that starts while a forward is pending pushes that forward's end back by its length, and
+    itself takes its length plus what it overlaps of dit's work; dit's work queued after it is
+    not pushed back, nor is work that had ended."""
+    dit, stage = SharedWork(tmp_path / "device"), SharedWork(tmp_path / "device")
+    now = time.monotonic()
+    dit.dit_queued_until(now + 0.030)                 # 30 ms of forwards queued
+    assert stage.add(0.010) == pytest.approx(0.020, abs=0.002), "10 ms of its own + 10 ms shared"
+    started = stage_start = time.monotonic()
+    dit.read()
+    assert dit.delay(now, now + 0.030) == pytest.approx(now + 0.040, abs=0.002), "pending: 10 ms later"
+    assert dit.delay(stage_start + 0.001, stage_start + 0.030) == stage_start + 0.030, "queued after it began"
+    assert dit.delay(now - 0.050, now - 0.010) == now - 0.010, "ended before it began"
+    dit.dit_queued_until(started - 1.0)               # dit idle: the piece runs alone
+    assert stage.add(0.010) == pytest.approx(0.010)
+
+
+def test_the_engine_sees_its_forwards_slowed_by_another_stage(tmp_path):
+    """dit's emulated device with a shared folder: its events and forward timers include the
+    other stage's work that came while they were pending."""
+    device = EmulatedDevice(SharedWork(tmp_path / "device"))
+    timer = ForwardTimer(torch.device("cpu"), device)
+    device.occupy(0.040)
+    timer.stop()
+    done = device.event()
+    SharedWork(tmp_path / "device").add(0.020)       # a prompt encoded while the forward runs
+    assert done.ends_at() == pytest.approx(device.busy_until + 0.020, abs=0.002)
+    done.synchronize()
+    assert done.query() and timer.seconds() == pytest.approx(0.060, abs=0.01)
 
 
 @pytest.fixture(scope="module")
 def late_server(tmp_path_factory):
     path = tmp_path_factory.mktemp("late-queue") / "tiny-pixart-late.toml"
-    emulated_deployment(path, {"scheduler": "cost", "late_queue_ms": 3.0, "capacity": 8}, 0.03)
+    emulated_deployment(path, {"scheduler": "cost", "late_queue_ms": 3.0, "capacity": 8}, 0.03, encode_seconds=0.01)
     yield from serve(rendered_server(tmp_path_factory, path, TINY_PIXART, "late-server"))
 
 
 def test_newcomers_join_held_steps_and_every_image_is_diffusers(late_server, diffusers_pixart):
     """A 40-step request runs on a device emulated at 30 ms a forward; five newcomers arrive one
-    after another while it runs. dit holds each next step until shortly before the running one
-    ends, and newcomers handed over meanwhile join it: holds and joins are counted, every
-    request streams every step, and every image equals diffusers'."""
+    after another while it runs, each encoded on the same device (10 ms, which lengthens the
+    running step as the text encoder does on a GPU). dit holds each next step until shortly
+    before the running one ends, past that while a newcomer is on its way, and newcomers handed
+    over meanwhile join it: holds and joins are counted, every request streams every step, and
+    every image equals diffusers'."""
     requests = [GenerationRequest("a red cat", seed=1, num_inference_steps=40)]
     requests += [GenerationRequest(f"a blue bird {i}", seed=10 + i, num_inference_steps=6) for i in range(5)]
     before = scrape(late_server.metrics_url)

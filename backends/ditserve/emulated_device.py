@@ -7,36 +7,116 @@ none of that happens there. The fault action `device` (`[faults]` rules at point
 makes the tiny pipeline's forwards occupy an emulated device instead of sleeping on the host:
 each forward's time runs after the work queued before it while the host goes on, and the
 engine's events (`EmulatedEvent`) complete when it ends.
+
+On a GPU the text encoder and the VAE decode run in processes of their own and time-slice the
+device with dit's forwards: a forward running while a prompt is encoded ends later than its cost
+curve says, and the encode takes longer than alone. `device` rules at "encode" and "decode" emulate
+that (`SharedWork`): each such piece of work delays dit's work pending when it came by its own
+length, and itself takes that length plus as much of dit's pending work as it overlaps (two
+contexts sharing the device evenly). Session 37's emulation lacked it and forecast the late
+queue's joins that an H100 did not give (perf/results/2026-12-05-h100-scheduler-s38.md).
 """
 from __future__ import annotations
 
+import bisect
+import shutil
 import time
+from pathlib import Path
+
+
+class SharedWork:
+    """Other stages' work on the emulated device, in a folder every process of the server sees:
+    `work`, appended by the stages (`<start> <seconds>` a line, time.monotonic(), one clock for
+    every process of the host), and `dit_until`, the end of the work dit has queued, written by dit."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        self.starts: list[float] = []    # dit's copy of `work`, in the order written
+        self.seconds: list[float] = []
+        self._read_to = 0
+
+    def add(self, seconds: float) -> float:
+        """A stage's piece of work starts now: how long the stage waits for it (its own length
+        plus what it overlaps of dit's pending work)."""
+        now = time.monotonic()
+        with open(self.folder / "work", "a") as log:
+            log.write(f"{now!r} {seconds!r}\n")
+        try:
+            dit_until = float((self.folder / "dit_until").read_text())
+        except (FileNotFoundError, ValueError):   # no dit work yet, or caught mid-write
+            dit_until = 0.0
+        return seconds + min(seconds, max(0.0, dit_until - now))
+
+    def dit_queued_until(self, at: float) -> None:
+        (self.folder / "dit_until").write_text(repr(at))
+
+    def read(self) -> None:
+        """Take in the pieces written since the last read (whole lines only)."""
+        try:
+            with open(self.folder / "work", "rb") as log:
+                log.seek(self._read_to)
+                data = log.read()
+        except FileNotFoundError:
+            return
+        data = data[:data.rfind(b"\n") + 1]
+        self._read_to += len(data)
+        for line in data.decode().splitlines():
+            start, seconds = map(float, line.split())
+            self.starts.append(start)
+            self.seconds.append(seconds)
+
+    def delay(self, queued_at: float, at: float) -> float:
+        """When dit's work, queued at `queued_at` and due at `at` on its own, ends: each piece
+        that started while it was pending pushes it back by its length."""
+        i = bisect.bisect_left(self.starts, queued_at)
+        while i < len(self.starts) and self.starts[i] < at:
+            at += self.seconds[i]
+            i += 1
+        return at
+
+    def remove(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 class EmulatedEvent:
-    """torch.cuda.Event's two calls the engine makes, for a point on the emulated device's timeline."""
+    """torch.cuda.Event's two calls the engine makes, for the end of the work queued so far."""
 
-    def __init__(self, at: float):
-        self.at = at
+    def __init__(self, device: EmulatedDevice, queued_at: float, at: float):
+        self.device, self.queued_at, self.at = device, queued_at, at
+
+    def ends_at(self) -> float:
+        return self.device.end(self.queued_at, self.at)
 
     def query(self) -> bool:
-        return time.monotonic() >= self.at
+        return time.monotonic() >= self.ends_at()
 
     def synchronize(self) -> None:
-        wait = self.at - time.monotonic()
-        if wait > 0:
+        while (wait := self.ends_at() - time.monotonic()) > 0:
             time.sleep(wait)
 
 
 class EmulatedDevice:
-    """Work runs back to back: a forward queued while the device is busy starts when it is done."""
+    """Work runs back to back: a forward queued while the device is busy starts when it is done,
+    later by other stages' work that came meanwhile (`shared`, None: dit has the device alone)."""
 
-    def __init__(self):
-        self.busy_until = 0.0
+    def __init__(self, shared: SharedWork | None = None):
+        self.shared = shared
+        self.queued_at = self.busy_until = 0.0
+
+    def end(self, queued_at: float, at: float) -> float:
+        if self.shared is None:
+            return at
+        self.shared.read()
+        return self.shared.delay(queued_at, at)
 
     def occupy(self, seconds: float) -> None:
-        self.busy_until = max(time.monotonic(), self.busy_until) + seconds
+        now = time.monotonic()
+        start = max(now, self.end(self.queued_at, self.busy_until))
+        self.queued_at, self.busy_until = now, start + seconds
+        if self.shared is not None:
+            self.shared.dit_queued_until(self.busy_until)
 
     def event(self) -> EmulatedEvent:
         """An event that completes when everything queued so far has run."""
-        return EmulatedEvent(self.busy_until)
+        return EmulatedEvent(self, self.queued_at, self.busy_until)

@@ -5,7 +5,7 @@ fires at one named point of the pipeline for the requests it selects:
 
     [[faults.rules]]
     point = "denoise"            # see POINTS
-    action = "raise"             # raise | sleep | nan | device (denoise only)
+    action = "raise"             # raise | sleep | nan | device (denoise, encode, decode)
     marker = "#fault-denoise"    # requests whose prompt contains it ("" = every request)
     height = 0                   # requests of this image height (0 = any)
     step = 0                     # only at this denoise step, 1-based (0 = any; denoise/scheduler_step only)
@@ -19,7 +19,9 @@ seconds_per_row x rows` also lets a tiny CPU pipeline keep a GPU's per-step and 
 timings (perf/deployments/tiny-pixart-sigma-h200-timing.toml), to reproduce timing-dependent
 behaviour without the GPU. `device` (dit's forwards on a CPU only) spends that time on an emulated
 device instead of the host (emulated_device.py): dit then queues ahead of it, holds steps and
-reads checks late as it does on a GPU. The stages call
+reads checks late as it does on a GPU. At "encode" and "decode", `device` is that stage's work on
+the same emulated device, time-sliced with dit's forwards (`SharedWork`): it delays dit's pending
+work by its length and the stage waits for it the longer. The stages call
 `FaultInjector.at(point, subjects, values)` once per point; with no rules it returns at once.
 """
 from __future__ import annotations
@@ -27,17 +29,19 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any, Sequence
 
-from .emulated_device import EmulatedDevice
+from .emulated_device import EmulatedDevice, SharedWork
+from .handoff import default_root
 
 # point -> (where it runs, actions it supports)
 POINTS = {
-    "encode": ("text_encoder: after the T5 forward of a batch", ("raise", "sleep", "nan")),
+    "encode": ("text_encoder: after the T5 forward of a batch", ("raise", "sleep", "nan", "device")),
     "denoise": ("dit: after the transformer forward of a compatibility group", ("raise", "sleep", "nan", "device")),
     "scheduler_step": ("dit: after one request's scheduler step", ("raise", "sleep", "nan")),
     "decode": ("vae_decode: before the VAE decode of a batch (sees no prompt: select by height)",
-               ("raise", "sleep", "nan")),
+               ("raise", "sleep", "nan", "device")),
     "output": ("txt2img/txt2img_stream: while building the final response", ("raise", "sleep")),
 }
 # Stages that never see the prompt, so a marker could never select anything there.
@@ -112,12 +116,17 @@ def parse_rules(section: dict) -> tuple[FaultRule, ...]:
 
 
 class FaultInjector:
-    def __init__(self, rules: Sequence[FaultRule] = (), owner: str = ""):
+    def __init__(self, rules: Sequence[FaultRule] = (), owner: str = "", shared: Path | None = None):
+        """`shared`: where the stages of one server emulate the device they share (`device` rules
+        at "encode" / "decode"; default: a folder of the server's scratch directory)."""
         self.by_point: dict[str, list[FaultRule]] = {}
         for rule in rules:
             self.by_point.setdefault(rule.point, []).append(rule)
-        # what `device` rules occupy (the engine reads its events); None without one
-        self.device = EmulatedDevice() if any(rule.action == "device" for rule in rules) else None
+        emulated = {rule.point for rule in rules if rule.action == "device"}
+        self.shared = (SharedWork(shared or default_root(kind="emulated_device"))
+                       if emulated & {"encode", "decode"} else None)
+        # what dit's `device` rules occupy (the engine reads its events); None without one
+        self.device = EmulatedDevice(self.shared) if "denoise" in emulated else None
         if rules:
             listed = "; ".join(rule.describe() for rule in rules)
             print(f"ditserve {owner}: FAULT INJECTION ENABLED by the deployment: {listed}", file=sys.stderr, flush=True)
@@ -137,8 +146,10 @@ class FaultInjector:
                 continue
             if rule.action == "sleep":
                 time.sleep(rule.seconds + rule.seconds_per_row * len(rows))
-            elif rule.action == "device":
+            elif rule.action == "device" and point == "denoise":
                 self.device.occupy(rule.seconds + rule.seconds_per_row * len(rows))
+            elif rule.action == "device":   # another stage's work on the device dit's forwards run on
+                time.sleep(self.shared.add(rule.seconds + rule.seconds_per_row * len(rows)))
             elif rule.action == "raise":
                 raise InjectedFault(f"injected fault: {rule.describe()}")
             elif rule.action == "nan" and values is not None:

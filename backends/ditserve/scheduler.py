@@ -77,7 +77,7 @@ class ForwardTimer:
             self.begin, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             self.begin.record(self.stream)
         elif emulated is not None:   # the forward starts when the work queued before it is done
-            self.begin = max(time.monotonic(), emulated.busy_until)
+            self.begin = max(time.monotonic(), emulated.event().ends_at())
         else:
             self.begin = time.perf_counter()
 
@@ -92,7 +92,7 @@ class ForwardTimer:
     def seconds(self) -> float | None:
         """The forward's duration, or None while its (GPU or emulated) work is still running."""
         if self.emulated is not None:
-            return self.end.at - self.begin if self.end.query() else None
+            return self.end.ends_at() - self.begin if self.end.query() else None
         if self.stream is None:
             return self.end - self.begin
         return self.begin.elapsed_time(self.end) / 1000.0 if self.end.query() else None

@@ -337,6 +337,8 @@ class DitStage:
             pb_utils.Logger.log_info(f"{self.model_name}: scheduler cost curves (ms per forward by requests): "
                                      f"{self.scheduler.model.describe()}")
         self.engine.table.clear()
+        if self.engine.faults.shared is not None:   # a device emulated for several stages (faults `device`)
+            self.engine.faults.shared.remove()
         self.cancels.remove_all()
         self.handoff.remove_all()
         self.arrivals.remove_all()
