@@ -75,12 +75,12 @@ def test_another_stages_work_delays_dits_pending_work_and_waits_for_its_share(tm
     now = time.monotonic()
     dit.dit_queued_until(now + 0.030)                 # 30 ms of forwards queued
     assert stage.add(0.010) == pytest.approx(0.020, abs=0.002), "10 ms of its own + 10 ms shared"
-    started = stage_start = time.monotonic()
+    after = time.monotonic()
     dit.read()
     assert dit.delay(now, now + 0.030) == pytest.approx(now + 0.040, abs=0.002), "pending: 10 ms later"
-    assert dit.delay(stage_start + 0.001, stage_start + 0.030) == stage_start + 0.030, "queued after it began"
+    assert dit.delay(after, after + 0.030) == after + 0.030, "queued after it began"
     assert dit.delay(now - 0.050, now - 0.010) == now - 0.010, "ended before it began"
-    dit.dit_queued_until(started - 1.0)               # dit idle: the piece runs alone
+    dit.dit_queued_until(after - 1.0)                 # dit idle: the piece runs alone
     assert stage.add(0.010) == pytest.approx(0.010)
 
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass, fields
-from pathlib import Path
 from typing import Any, Sequence
 
 from .emulated_device import EmulatedDevice, SharedWork
@@ -116,14 +115,14 @@ def parse_rules(section: dict) -> tuple[FaultRule, ...]:
 
 
 class FaultInjector:
-    def __init__(self, rules: Sequence[FaultRule] = (), owner: str = "", shared: Path | None = None):
-        """`shared`: where the stages of one server emulate the device they share (`device` rules
-        at "encode" / "decode"; default: a folder of the server's scratch directory)."""
+    def __init__(self, rules: Sequence[FaultRule] = (), owner: str = ""):
         self.by_point: dict[str, list[FaultRule]] = {}
         for rule in rules:
             self.by_point.setdefault(rule.point, []).append(rule)
         emulated = {rule.point for rule in rules if rule.action == "device"}
-        self.shared = (SharedWork(shared or default_root(kind="emulated_device"))
+        # the device dit shares with the other stages (`device` at "encode" / "decode"), in the
+        # server's scratch folder; None when only dit's forwards are emulated
+        self.shared = (SharedWork(default_root(kind="emulated_device"))
                        if emulated & {"encode", "decode"} else None)
         # what dit's `device` rules occupy (the engine reads its events); None without one
         self.device = EmulatedDevice(self.shared) if "denoise" in emulated else None
