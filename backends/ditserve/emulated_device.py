@@ -68,7 +68,8 @@ class SharedWork:
 
     def delay(self, queued_at: float, at: float) -> float:
         """When dit's work, queued at `queued_at` and due at `at` on its own, ends: each piece
-        that started while it was pending pushes it back by its length."""
+        that started while it was pending pushes it back by its length. (Work queued while a
+        piece still runs is not pushed back by the rest of it: an error of at most its length.)"""
         i = bisect.bisect_left(self.starts, queued_at)
         while i < len(self.starts) and self.starts[i] < at:
             at += self.seconds[i]
