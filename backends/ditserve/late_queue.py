@@ -91,7 +91,7 @@ class LateQueue:
                 if newcomer():
                     joined = True
                     break
-                held, overran = True, overran or past
+                held, overran = True, past   # the clock only moves on: once past, past until the end
                 self.sleep(self.poll_s)
         if held:
             self.count("holds")

@@ -189,19 +189,20 @@ class DitStage:
         and a slot is free, the next step is held until the conditioning arrives (True: return,
         Triton hands the request back with the others and it joins the next step) or until the
         device has run out of queued work (False: step now; the GPU idles a poll at most)."""
-        if len(self.engine) >= self.deployment.engine.capacity:
+        if not self._slot_free():
             return False
         if not self.arrivals.hold(self.engine.device_busy, self.handoff.waiting):
             return False
         self.metrics.arrival_holds.increment(1)
         return self._others_waiting(stepping)
 
+    def _slot_free(self) -> bool:
+        return len(self.engine) < self.deployment.engine.capacity
+
     def _arriving(self) -> bool:
         """Whether a generation that could join the next step is on its way: announced (being
         encoded) or handed over, with a slot free for it."""
-        if len(self.engine) >= self.deployment.engine.capacity:
-            return False
-        return self.arrivals.pending() or self.handoff.waiting()
+        return self._slot_free() and (self.arrivals.pending() or self.handoff.waiting())
 
     def _others_waiting(self, stepping: int) -> bool:
         """Whether a generation that is not in this execute could step next: one admitted earlier
@@ -210,7 +211,7 @@ class DitStage:
         A direct client's new request is not seen here: it waits at most steps_per_execute steps."""
         if len(self.engine) > stepping:
             return True
-        return len(self.engine) < self.deployment.engine.capacity and self.handoff.waiting()
+        return self._slot_free() and self.handoff.waiting()
 
     def _admit(self, request, key: str) -> None:
         start = time.monotonic()
