@@ -25,14 +25,10 @@ from test_step_batching import assert_each_streamed_and_matches
 FORWARD_S = 0.05
 
 
-def emulated_deployment(path, engine: dict, seconds: float, encode_seconds: float = 0.0):
-    """The tiny deployment with dit's forwards on an emulated device (and the text encoder's
-    work too, time-sliced with them, with `encode_seconds`)."""
+def emulated_deployment(path, engine: dict, seconds: float):
     write_variant(ROOT / "configs" / "tiny-pixart-sigma.toml", path, engine, "tests/test_emulated_device.py")
     with path.open("a") as toml:
         toml.write(f'\n[[faults.rules]]\npoint = "denoise"\naction = "device"\nseconds = {seconds}\n')
-        if encode_seconds:
-            toml.write(f'\n[[faults.rules]]\npoint = "encode"\naction = "device"\nseconds = {encode_seconds}\n')
     return path
 
 
@@ -101,17 +97,15 @@ def test_the_engine_sees_its_forwards_slowed_by_another_stage(tmp_path):
 @pytest.fixture(scope="module")
 def late_server(tmp_path_factory):
     path = tmp_path_factory.mktemp("late-queue") / "tiny-pixart-late.toml"
-    emulated_deployment(path, {"scheduler": "cost", "late_queue_ms": 3.0, "capacity": 8}, 0.03, encode_seconds=0.01)
+    emulated_deployment(path, {"scheduler": "cost", "late_queue_ms": 3.0, "capacity": 8}, 0.03)
     yield from serve(rendered_server(tmp_path_factory, path, TINY_PIXART, "late-server"))
 
 
 def test_newcomers_join_held_steps_and_every_image_is_diffusers(late_server, diffusers_pixart):
     """A 40-step request runs on a device emulated at 30 ms a forward; five newcomers arrive one
-    after another while it runs, each encoded on the same device (10 ms, which lengthens the
-    running step as the text encoder does on a GPU). dit holds each next step until shortly
-    before the running one ends, past that while a newcomer is on its way, and newcomers handed
-    over meanwhile join it: holds and joins are counted, every request streams every step, and
-    every image equals diffusers'."""
+    after another while it runs. dit holds each next step until shortly before the running one
+    ends, and newcomers handed over meanwhile join it: holds and joins are counted, every
+    request streams every step, and every image equals diffusers'."""
     requests = [GenerationRequest("a red cat", seed=1, num_inference_steps=40)]
     requests += [GenerationRequest(f"a blue bird {i}", seed=10 + i, num_inference_steps=6) for i in range(5)]
     before = scrape(late_server.metrics_url)
