@@ -114,6 +114,7 @@ def test_past_the_deadline_it_waits_while_a_generation_is_being_encoded():
     queue.queued(report(10.065), 0.050)
     assert queue.hold(device.busy, device.newcomer, lambda: True) is False, "announced, never handed over"
     assert device.now == pytest.approx(10.120, abs=0.0003), "until the device ran out of work"
+    assert events == {"holds": 2, "joins": 1, "overran": 1}, "a hold past the deadline without a join is counted"
     queue.queued(report(10.125, queued_at=device.now, ran_dry=True), 0.050)
     assert "starved" not in events and queue.starved_margin_s == 0.0
 

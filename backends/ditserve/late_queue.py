@@ -42,7 +42,8 @@ class LateQueue:
     woke_at: float | None = None     # when the last hold ended
     held: bool = False               # whether the last hold waited at all
     # Called with "holds" (holds that waited), "joins" (holds that ended with a newcomer handed
-    # over) and "starved" (held steps that found the device idle): dit's metrics.
+    # over), "overran" (holds past the deadline that ended with the device idle and no newcomer)
+    # and "starved" (held steps that found the device idle): dit's metrics.
     count: Callable[[str], None] = lambda event: None
 
     @property
@@ -97,6 +98,8 @@ class LateQueue:
             self.count("holds")
         if joined and held:   # a newcomer came during a hold (a return for one already there is not counted)
             self.count("joins")
+        elif overran and not joined:   # waited for one that did not come in time: an idle gap's cost
+            self.count("overran")
         # A step queued after a return waited for Triton's round trip and an admission as well:
         # not the margin's doing, so it teaches the margin nothing.
         self.held = held and not joined and not overran

@@ -102,6 +102,9 @@ class DitMetrics:
             "joins": counter("ditserve_late_queue_joins_total",
                              "Late-queue holds that ended with a newcomer handed over, which then joined the "
                              "held step", model),
+            "overran": counter("ditserve_late_queue_overran_total",
+                               "Late-queue holds that went on past the deadline for a generation on its way "
+                               "and ended with the device idle, without it", model),
             "starved": counter("ditserve_late_queue_starved_total",
                                "Held steps that found the device idle: queued after the step before had "
                                "ended (each widens the hold's margin by 1 ms)", model),
@@ -124,7 +127,7 @@ class DitMetrics:
             total.update(calls[path])
 
     def count_late_queue(self, event: str) -> None:
-        """One late-queue event (late_queue.LateQueue.count): "holds", "joins" or "starved"."""
+        """One late-queue event (late_queue.LateQueue.count): "holds", "joins", "overran" or "starved"."""
         self.late_queue[event].increment(1)
 
     def count_cache_hits(self, total: int) -> None:
