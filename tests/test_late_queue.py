@@ -119,6 +119,17 @@ def test_past_the_deadline_it_waits_while_a_generation_is_being_encoded():
     assert "starved" not in events and queue.starved_margin_s == 0.0
 
 
+def test_a_hold_past_the_deadline_ended_by_an_arrival_that_went_away_is_not_an_idle_gap():
+    """The announced generation is gone (cancelled while encoding) before the device ran out of
+    work: the step is queued while the device still runs, so the hold is not counted as overran."""
+    device = Device(busy_until=10.080)
+    queue, events = late(device, margin_ms=3.0)
+    queue.queued(report(10.0), 0.050)
+    assert queue.hold(device.busy, device.newcomer, lambda: device.now < 10.060) is False
+    assert 10.060 <= device.now < 10.0605 and device.busy()
+    assert events == {"holds": 1}
+
+
 def test_the_hosts_queueing_time_moves_the_hold_earlier_and_falls_back_slowly():
     device = Device()
     queue, _ = late(device, margin_ms=3.0)

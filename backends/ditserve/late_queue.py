@@ -82,7 +82,7 @@ class LateQueue:
         ends with the device idle by design, so it teaches the starvation margin nothing."""
         if not self.enabled:
             return False
-        joined = held = overran = False
+        joined = held = overran = idle = False
         if self.ends_at is not None:
             deadline = self.ends_at - self.margin_s - self.host_s - self.starved_margin_s
             while device_busy():
@@ -94,11 +94,13 @@ class LateQueue:
                     break
                 held, overran = True, past   # the clock only moves on: once past, past until the end
                 self.sleep(self.poll_s)
+            else:
+                idle = True
         if held:
             self.count("holds")
         if joined and held:   # a newcomer came during a hold (a return for one already there is not counted)
             self.count("joins")
-        elif overran and not joined:   # waited for one that did not come in time: an idle gap's cost
+        if overran and idle:   # waited past the deadline for one that did not come: an idle gap's cost
             self.count("overran")
         # A step queued after a return waited for Triton's round trip and an admission as well:
         # not the margin's doing, so it teaches the margin nothing.
