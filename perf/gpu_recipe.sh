@@ -132,7 +132,9 @@
 # SOAK_DEPLOYMENT (perf/deployments/pixart-sigma-soak-h200.toml), SOAK_ARGS (extra soak.py args),
 # CONTROL_RATE (0.6 req/s), CONTROL_N (24), CONTROL_ARGS (extra args),
 # SCHED_MODES, SCHED_CAPACITY, SCHED_RATE (1.0 req/s), SCHED_N (40), SCHED_SIZES, SCHED_STEPS, SCHED_GUIDANCE,
-# SCHED_LOADS, SCHED_SAT_S, SCHED_SAT_RPS, SCHED_ACCEL, SCHED_SERVER_TIMEOUT (300 s), SCHED_SOLO_REPEATS (3) (scheduler stage),
+# SCHED_LOADS, SCHED_SAT_S, SCHED_SAT_RPS, SCHED_ACCEL, SCHED_SERVER_TIMEOUT (300 s), SCHED_SOLO_REPEATS (3),
+# SCHED_MIN_S (400: the time the stage must have left to start; lower it for a short run, one load of
+# few requests) (scheduler stage),
 # VIDEO_STEPS (2), VIDEO_REPS (3), VIDEO_TEXT_ENCODER_LAYERS (24 = real),
 # I2V_STEPS (2), I2V_REPS (1), I2V_TRANSPORTS (grpc,system), I2V_TEXT_ENCODER_LAYERS (24 = real),
 # I2V_TRANSFORMER_LAYERS (40 = real; fewer cut only the transformer's depth: per-step time
@@ -786,7 +788,7 @@ main() {
             baseline) ensure_model baseline && run_timed baseline 120 stage_baseline ;;
             smoke) ensure_model smoke && run_timed smoke 150 stage_smoke ;;
             control) ensure_model control && run_timed control 200 stage_control ;;
-            scheduler) ensure_model scheduler && run_timed scheduler 400 stage_scheduler ;;
+            scheduler) ensure_model scheduler && run_timed scheduler "${SCHED_MIN_S:-400}" stage_scheduler ;;
             sweeps) run_timed sweeps 240 stage_sweeps ;;
             soak) ensure_model soak && run_timed soak 240 stage_soak ;;  # load, warm-up, saturation, phases sized to fit
             gputests) run_timed gputests 60 stage_gputests ;;
