@@ -108,8 +108,8 @@ def summarise(label: str, report: dict) -> dict:
 def table(rows: list[dict], kind: str = "ratio") -> str:
     """The ratios (`kind` "ratio": last mode / first) or the A/B (`kind` "ab_ratio": last / the one before)."""
     lines = ["| ladder | load (offered req/s) | p50 | p99 | mean | throughput | TTFS p50 | TTFS p50 ms | "
-             "TTFS p50 - one step, ms (bound 50) | mean step batch |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "TTFS p50 - one step, ms (bound 50) | mean step batch | late-queue holds / joins / overran |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def cell(row: dict, ratios: dict, key: str) -> str:
         if ratios[key] is None:
@@ -126,8 +126,16 @@ def table(rows: list[dict], kind: str = "ratio") -> str:
             + " | ".join(cell(row, r, k) for k in RATIOS)
             + f" | {other['ttfs_p50_ms']:.0f} ({base['ttfs_p50_ms']:.0f}) | "
               f"{other.get('ttfs_p50_over_one_step_ms', '-')} ({base.get('ttfs_p50_over_one_step_ms', '-')}) | "
-              f"{other['mean_step_batch']:.2f} ({base['mean_step_batch']:.2f}) |")
+              f"{other['mean_step_batch']:.2f} ({base['mean_step_batch']:.2f}) | {late_queue(other)} |")
     return "\n".join(lines)
+
+
+def late_queue(run: dict) -> str:
+    """The compared mode's late-queue counters ("-" for a report older than the counter)."""
+    holds = run.get("dit_holds") or {}
+    if not holds.get("late"):
+        return "-"
+    return " / ".join(str(holds.get(key, "-")) for key in ("late", "late_joins", "late_overran"))
 
 
 def main(argv: list[str] | None = None) -> int:

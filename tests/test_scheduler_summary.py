@@ -53,7 +53,8 @@ def test_reports_in_a_folder_and_its_tarball_count_once_per_load(tmp_path: Path)
 def test_three_modes_give_the_last_ones_ratios_to_the_first_and_to_the_one_before(tmp_path: Path, capsys) -> None:
     """`request_batch,step:cost,step:cost+late_queue_ms=2`: issue 22's ratios and the A/B of one key."""
     body = report(0.8, 1000.0, 800.0)
-    late = {**body["reports"]["step:cost"], "p50_e2el_ms": 720.0, "p50_ttfs_ms": 80.0}
+    late = {**body["reports"]["step:cost"], "p50_e2el_ms": 720.0, "p50_ttfs_ms": 80.0,
+            "dit_holds": {"arrival": 0, "late": 40, "late_joins": 4, "late_overran": 1, "late_starved": 0}}
     body = {**body, "modes": [*body["modes"], "step:cost+late_queue_ms=2"],
             "reports": {**body["reports"], "step:cost+late_queue_ms=2": late}}
     (tmp_path / "x-matched-control-load0p8.json").write_text(json.dumps(body))
@@ -63,7 +64,9 @@ def test_three_modes_give_the_last_ones_ratios_to_the_first_and_to_the_one_befor
     assert row["ratios"]["step:cost+late_queue_ms=2/request_batch"]["p50_ms"] == 0.72
     assert row["ab_ratios"]["step:cost+late_queue_ms=2/step:cost"]["p50_ms"] == 0.9
     assert row["ab_ratios"]["step:cost+late_queue_ms=2/step:cost"]["ttfs_p50_ms"] == 0.8
-    assert "A/B: the last mode against the one before it" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "A/B: the last mode against the one before it" in printed
+    assert "| 40 / 4 / 1 |" in printed, "the compared mode's late-queue holds / joins / overran"
 
 
 def test_paired_intervals_bracket_the_ratio_and_shrink_when_every_request_moves_alike() -> None:
