@@ -143,12 +143,13 @@ class FaultInjector:
             rows = [i for i, subject in enumerate(subjects) if rule.selects(subject)]
             if not rows:
                 continue
+            seconds = rule.seconds + rule.seconds_per_row * len(rows)   # sleep / device
             if rule.action == "sleep":
-                time.sleep(rule.seconds + rule.seconds_per_row * len(rows))
+                time.sleep(seconds)
             elif rule.action == "device" and point == "denoise":
-                self.device.occupy(rule.seconds + rule.seconds_per_row * len(rows))
+                self.device.occupy(seconds)
             elif rule.action == "device":   # another stage's work on the device dit's forwards run on
-                time.sleep(self.shared.add(rule.seconds + rule.seconds_per_row * len(rows)))
+                time.sleep(self.shared.add(seconds))
             elif rule.action == "raise":
                 raise InjectedFault(f"injected fault: {rule.describe()}")
             elif rule.action == "nan" and values is not None:
