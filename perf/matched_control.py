@@ -79,8 +79,10 @@ def write_mode_deployment(base: Path, mode: str, capacity: int | None, out: Path
     return out, variant.engine.capacity
 
 
-def _engine_value(text: str) -> int | float | str:
-    """A `+KEY=VALUE` part's value as TOML would type it: an int, a float, else a string."""
+def _engine_value(text: str) -> bool | int | float | str:
+    """A `+KEY=VALUE` part's value as TOML would type it: a bool, an int, a float, else a string."""
+    if text in ("true", "false"):
+        return text == "true"
     for kind in (int, float):
         try:
             return kind(text)

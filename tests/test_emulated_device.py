@@ -25,10 +25,13 @@ from test_step_batching import assert_each_streamed_and_matches
 FORWARD_S = 0.05
 
 
-def emulated_deployment(path, engine: dict, seconds: float):
+def emulated_deployment(path, engine: dict, seconds: float, per_row: float = 0.0):
+    """The tiny deployment with `engine` keys, its forwards on a device emulated at `seconds` plus
+    `per_row` per request in the forward."""
     write_variant(ROOT / "configs" / "tiny-pixart-sigma.toml", path, engine, "tests/test_emulated_device.py")
     with path.open("a") as toml:
-        toml.write(f'\n[[faults.rules]]\npoint = "denoise"\naction = "device"\nseconds = {seconds}\n')
+        toml.write(f'\n[[faults.rules]]\npoint = "denoise"\naction = "device"\nseconds = {seconds}\n'
+                   f'seconds_per_row = {per_row}\n')
     return path
 
 
@@ -94,6 +97,73 @@ def test_the_engine_sees_its_forwards_slowed_by_another_stage(tmp_path):
     assert done.query() and timer.seconds() == pytest.approx(0.060, abs=0.01)
 
 
+def test_work_that_overtakes_runs_at_once_and_pushes_the_queue_back():
+    """A CUDA stream of the highest priority, emulated: work occupied inside `overtaking` starts
+    at once, its event waits for it alone, the work queued before ends later by its length, and
+    work queued after it starts behind both."""
+    device = EmulatedDevice()
+    device.occupy(0.200)
+    queued = device.event()
+    due = queued.ends_at()
+    start = time.monotonic()
+    with device.overtaking():
+        device.occupy(0.050)
+        device.occupy(0.020)   # a second group of first steps: behind the first, in the same lane
+        lane = device.event()
+    assert start <= lane.ends_at() - 0.070 <= time.monotonic(), "at once, not after the queued work"
+    assert queued.ends_at() == pytest.approx(due + 0.070), "the queued work is pushed back"
+    device.occupy(0.010)
+    assert device.event().ends_at() == pytest.approx(due + 0.080), "queued after: behind both"
+
+
+def test_a_first_step_overtakes_the_queued_step_and_keeps_its_result(tmp_path):
+    """`StepEngine.overtake` on the emulated device: a newcomer's first step returns, confirmed,
+    after its own forward while the step queued before it still runs; the forward is not timed
+    for the cost curve; both requests then step on, and the newcomer's latents are its lone run's."""
+    deployment = load_deployment(emulated_deployment(tmp_path / "emulated.toml", {}, FORWARD_S))
+    engine = StepEngine(adapter_for(deployment.model.family)(deployment, "dit"), injector(deployment, "dit"))
+    params = GenerationParams("p", "", 64, 64, 4, 4.5, 7)
+    cond = _cond(params)
+    engine.admit("alone", params, cond)
+    while not engine.table["alone"].done:
+        engine.step(["alone"])
+    alone = engine.release("alone").latents
+    running = GenerationParams("q", "", 96, 64, 8, 4.5, 1)   # another group: the two never share a forward
+    engine.admit("run", running, _cond(running))
+    engine.step(["run"])
+    engine.step(["run"])
+    engine.step(["run"])   # the host waited for the step before: this one runs for ~FORWARD_S
+    assert engine.can_overtake()
+    engine.admit("new", params, cond)
+    start = time.monotonic()
+    report = engine.overtake(["new"])
+    took = time.monotonic() - start
+    assert report.confirmed == {"new": 1} and report.timings == [] and report.batch_sizes == [1]
+    assert took == pytest.approx(FORWARD_S, abs=0.02), "its own forward, not the queued step's rest as well"
+    assert engine.device_busy(), "the overtaken step still runs"
+    with pytest.raises(RuntimeError, match="only first steps overtake"):
+        engine.overtake(["run"])
+    while not engine.table["new"].done:
+        engine.step([key for key in ("run", "new") if not engine.table[key].done])
+    assert torch.equal(engine.release("new").latents, alone)
+    engine.release("run")
+
+
+def newcomers_beside_a_long_request(server, steps: int, newcomer_steps: int, newcomers: int, every: int):
+    """A `steps`-step request, then `newcomers` requests of `newcomer_steps`, each sent once the
+    long one has streamed `every` more steps: (requests, results, metrics before, metrics after)."""
+    requests = [GenerationRequest("a red cat", seed=1, num_inference_steps=steps)]
+    requests += [GenerationRequest(f"a blue bird {i}", seed=10 + i, num_inference_steps=newcomer_steps)
+                 for i in range(newcomers)]
+    before = scrape(server.metrics_url)
+    calls = [StreamCall(server.grpc_url, requests[0]).start()]
+    for request in requests[1:]:
+        calls[0].wait_progress(len(calls) * every)
+        calls.append(StreamCall(server.grpc_url, request).start())
+    results = [call.finish() for call in calls]
+    return requests, results, before, scrape(server.metrics_url)
+
+
 @pytest.fixture(scope="module")
 def late_server(tmp_path_factory):
     path = tmp_path_factory.mktemp("late-queue") / "tiny-pixart-late.toml"
@@ -106,19 +176,31 @@ def test_newcomers_join_held_steps_and_every_image_is_diffusers(late_server, dif
     after another while it runs. dit holds each next step until shortly before the running one
     ends, and newcomers handed over meanwhile join it: holds and joins are counted, every
     request streams every step, and every image equals diffusers'."""
-    requests = [GenerationRequest("a red cat", seed=1, num_inference_steps=40)]
-    requests += [GenerationRequest(f"a blue bird {i}", seed=10 + i, num_inference_steps=6) for i in range(5)]
-    before = scrape(late_server.metrics_url)
-    calls = [StreamCall(late_server.grpc_url, requests[0]).start()]
-    for request in requests[1:]:
-        calls[-1].wait_progress(2)
-        calls.append(StreamCall(late_server.grpc_url, request).start())
-    results = [call.finish() for call in calls]
-    after = scrape(late_server.metrics_url)
-
+    requests, results, before, after = newcomers_beside_a_long_request(late_server, 40, 6, 5, every=3)
     assert_each_streamed_and_matches(requests, results, diffusers_pixart)
     delta = delta_of(before, after, "dit")
     assert delta("ditserve_late_queue_holds_total") > 0, "dit held steps while the emulated device ran"
     assert delta("ditserve_late_queue_joins_total") > 0, "a newcomer ended a hold and joined the held step"
+    assert delta("ditserve_step_batch_size_sum") == sum(r.num_inference_steps for r in requests)
+    assert after.get(("ditserve_state_table_size", "dit")) == 0
+
+
+@pytest.fixture(scope="module")
+def overtake_server(tmp_path_factory):
+    """Forwards cost 30 ms per request in them (batching saves nothing: first steps run apart)."""
+    path = tmp_path_factory.mktemp("overtake") / "tiny-pixart-overtake.toml"
+    emulated_deployment(path, {"scheduler": "cost", "overtake": True, "capacity": 8}, 0.0, per_row=0.03)
+    yield from serve(rendered_server(tmp_path_factory, path, TINY_PIXART, "overtake-server"))
+
+
+def test_first_steps_overtake_the_running_step_and_every_image_is_diffusers(overtake_server, diffusers_pixart):
+    """A 30-step request runs; four newcomers arrive one after another while it runs. Batching
+    them with it would save nothing, so each first step runs at once beside the running step
+    (`[engine] overtake`): overtakes are counted, every request streams every step, and every
+    image equals diffusers'."""
+    requests, results, before, after = newcomers_beside_a_long_request(overtake_server, 30, 4, 4, every=5)
+    assert_each_streamed_and_matches(requests, results, diffusers_pixart)
+    delta = delta_of(before, after, "dit")
+    assert delta("ditserve_overtakes_total") > 0, "a first step overtook the running step"
     assert delta("ditserve_step_batch_size_sum") == sum(r.num_inference_steps for r in requests)
     assert after.get(("ditserve_state_table_size", "dit")) == 0

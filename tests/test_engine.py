@@ -243,6 +243,29 @@ def test_a_newcomer_is_admitted_while_queued_steps_still_run(engine):
     engine.release("run")
 
 
+@pytest.mark.gpu   # a stream of the highest priority exists on a CUDA device only
+def test_a_first_step_overtakes_the_work_queued_on_the_compute_stream(engine):
+    """`overtake` runs a newcomer's first step on a stream of the highest priority: it returns,
+    confirmed, while ~0.2 s of GPU work queued on the compute stream still runs (a step there
+    would wait for it), later steps follow it, and its result is its lone run's, to the bit."""
+    params = _params(2, steps=4)
+    cond = _cond(params)
+    alone = _denoised_alone(engine, "alone", params, cond)
+    _admit(engine, "run", _params(1, height=96))
+    engine.step(["run"])
+    torch.cuda._sleep(400_000_000)   # GPU cycles queued on the compute stream, as a running step would be
+    queued = torch.cuda.Event()
+    queued.record()
+    engine.admit("new", params, cond)
+    report = engine.overtake(["new"])
+    assert report.confirmed == {"new": 1} and not report.failed
+    assert not queued.query(), "the first step waited for the work queued on the compute stream"
+    while not engine.table["new"].done:
+        engine.step(["run", "new"] if not engine.table["run"].done else ["new"])
+    assert torch.equal(engine.release("new").latents, alone)
+    engine.release("run")
+
+
 def test_a_non_finite_step_is_reported_by_its_own_number(engine):
     _admit(engine, "nan", _params(1, steps=4))
     _admit(engine, "ok", _params(2, steps=4))

@@ -133,10 +133,10 @@ def test_matched_control_mode_can_name_a_step_scheduler(tmp_path):
     engine = load_deployment(path).engine
     assert (engine.mode, engine.scheduler) == ("step", "cost")
     # `+KEY=VALUE` sets another [engine] key, typed as TOML would (the late queue's A/B).
-    path, _ = matched_control.write_mode_deployment(base, "step:cost+late_queue_ms=2.5+steps_per_execute=4#2", None,
-                                                    tmp_path / "late.toml")
+    path, _ = matched_control.write_mode_deployment(base, "step:cost+late_queue_ms=2.5+steps_per_execute=4+overtake=true#2",
+                                                    None, tmp_path / "late.toml")
     engine = load_deployment(path).engine
-    assert (engine.scheduler, engine.late_queue_ms, engine.steps_per_execute) == ("cost", 2.5, 4)
+    assert (engine.scheduler, engine.late_queue_ms, engine.steps_per_execute, engine.overtake) == ("cost", 2.5, 4, True)
     with pytest.raises(SystemExit, match="KEY=VALUE"):
         matched_control.write_mode_deployment(base, "step:cost+late", None, tmp_path / "bad.toml")
 

@@ -506,6 +506,10 @@ def test_all_scheduler_steps_every_ready_request():
     ('scheduler = "cost"\nlate_queue_ms = -1', "late_queue_ms=-1; allowed: a number of milliseconds >= 0"),
     ('scheduler = "cost"\nlate_queue_ms = true', "late_queue_ms=True; allowed: a number of milliseconds >= 0"),
     ('late_queue_ms = 3', 'late_queue_ms=3 needs scheduler = "cost" (its cost curve predicts when a step ends)'),
+    ('scheduler = "cost"\novertake = 1', "overtake=1; allowed: true or false"),
+    ('mode = "request_batch"\novertake = true', 'overtake = true needs mode = "step"'),
+    ('scheduler = "cost"\novertake = true\n[accel]\ntransformer = "compile"',
+     "[accel] transformer='compile' would give them other numerics: use transformer = \"eager_graphs\""),
 ])
 def test_bad_scheduler_options_fail_at_load_naming_the_allowed_values(tmp_path, engine, message):
     base = (ROOT / "configs" / "tiny-pixart-sigma.toml").read_text().replace('mode = "step"\n', "")

@@ -252,6 +252,7 @@ class TransformerRunner:
         self.pool = torch.cuda.graph_pool_handle() if self.graphs is not None else None
         self.eager = forward
         self._warming = False
+        self.eager_only = False   # inside `eager_forwards`
         self._notes: list[str] = []
         self._eager_calls = 0
         self._graph_calls = 0
@@ -261,7 +262,7 @@ class TransformerRunner:
         rows, sig = latents.shape[0], signature((latents, timesteps, cond), {})
         bucket = row_bucket(self.buckets, rows)
         warm = self.compiled is not None and sig in self.compiled.warm
-        if bucket is None or not (warm or self._warming):
+        if bucket is None or self.eager_only or not (warm or self._warming):
             self._eager_calls += 1
             return self.eager(latents, timesteps, cond)
         # Warming compiles and captures every bucket (the largest first: its memory pool then
@@ -307,6 +308,17 @@ class TransformerRunner:
             report.variants.append(f"{variant} ({buckets})")
             report.variants += self._notes
             self._notes = []
+
+    @contextlib.contextmanager
+    def eager_forwards(self) -> Iterator[None]:
+        """Forwards inside run diffusers' eager kernels, unpadded, never a captured graph: a
+        forward beside a replay of the graphs (engine.StepEngine.overtake) must not share their
+        static buffers and memory pool. With `eager_graphs` the result is the graphs' own."""
+        self.eager_only = True
+        try:
+            yield
+        finally:
+            self.eager_only = False
 
     def count_eager(self) -> None:
         """One forward that ran eager outside the runner: a batch holding a lossy quality tier

@@ -132,6 +132,11 @@ class EngineSection:
     # queue one) before the running step's predicted end, so that a generation handed over
     # meanwhile joins it instead of waiting behind it (ditserve/late_queue.py).
     late_queue_ms: float = 0.0
+    # Step mode on a GPU: a newcomer's first step that runs in a forward holding no running
+    # request (another size, or split off by the `cost` scheduler where batching it would save no
+    # time) runs at once, on a CUDA stream of the highest priority beside the step the GPU is
+    # running, instead of after it (engine.StepEngine.overtake). Transformer eager or eager_graphs.
+    overtake: bool = False
 
     @property
     def generations(self) -> int:
@@ -398,6 +403,11 @@ def _check_scheduler(engine: EngineSection) -> None:
     if value and engine.scheduler != "cost":
         raise ValueError(f"deployment [engine] late_queue_ms={value!r} needs scheduler = \"cost\" (its cost curve "
                          f"predicts when a step ends), got scheduler={engine.scheduler!r}")
+    if not isinstance(engine.overtake, bool):
+        raise ValueError(f"deployment [engine] overtake={engine.overtake!r}; allowed: true or false")
+    if engine.overtake and engine.mode != "step":
+        raise ValueError(f"deployment [engine] overtake = true needs mode = \"step\" (a first step overtakes the "
+                         f"running step), got mode={engine.mode!r}")
 
 
 def _check_cache(cache: CacheSection) -> None:
@@ -441,6 +451,10 @@ def _check_accel(dep: Deployment) -> None:
         raise ValueError(f"deployment [accel] row_buckets={list(accel.row_buckets)} must reach {need} rows "
                          f"(2 x [engine] capacity, CFG rows included); add {need} or leave it empty")
     accel.sizes(dep.is_video)  # raises on a malformed entry
+    if dep.engine.overtake and accel.transformer not in ("eager", "eager_graphs"):
+        raise ValueError(f"deployment [engine] overtake = true runs first steps with diffusers' eager kernels beside "
+                         f"the transformer's own forwards; [accel] transformer={accel.transformer!r} would give "
+                         "them other numerics: use transformer = \"eager_graphs\" or \"eager\", or overtake = false")
     if not isinstance(accel.compile_backend, str) or not accel.compile_backend:
         raise ValueError(f"deployment [accel] compile_backend={accel.compile_backend!r}; allowed: a torch.compile "
                          "backend name such as inductor, aot_eager, eager")

@@ -19,9 +19,23 @@ queue's joins that an H100 did not give (perf/results/2026-12-05-h100-scheduler-
 from __future__ import annotations
 
 import bisect
+import contextlib
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
+
+
+def pushed_back(starts: list[float], seconds: list[float], queued_at: float, at: float) -> float:
+    """When work queued at `queued_at` and due at `at` on its own ends, if each piece of other
+    work (`starts` in order, `seconds` long) that started while it was pending pushes it back by
+    its length. (Work queued while a piece still runs is not pushed back by the rest of it: an
+    error of at most its length.)"""
+    i = bisect.bisect_left(starts, queued_at)
+    while i < len(starts) and starts[i] < at:
+        at += seconds[i]
+        i += 1
+    return at
 
 
 class SharedWork:
@@ -67,27 +81,22 @@ class SharedWork:
             self.seconds.append(seconds)
 
     def delay(self, queued_at: float, at: float) -> float:
-        """When dit's work, queued at `queued_at` and due at `at` on its own, ends: each piece
-        that started while it was pending pushes it back by its length. (Work queued while a
-        piece still runs is not pushed back by the rest of it: an error of at most its length.)"""
-        i = bisect.bisect_left(self.starts, queued_at)
-        while i < len(self.starts) and self.starts[i] < at:
-            at += self.seconds[i]
-            i += 1
-        return at
+        """When dit's work, queued at `queued_at` and due at `at` on its own, ends (`pushed_back`)."""
+        return pushed_back(self.starts, self.seconds, queued_at, at)
 
     def remove(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
 class EmulatedEvent:
-    """torch.cuda.Event's two calls the engine makes, for the end of the work queued so far."""
+    """torch.cuda.Event's two calls the engine makes, for the end of the work queued so far
+    (`overtaking`: of the work that overtook it, which nothing overtakes in turn)."""
 
-    def __init__(self, device: EmulatedDevice, queued_at: float, at: float):
-        self.device, self.queued_at, self.at = device, queued_at, at
+    def __init__(self, device: EmulatedDevice, queued_at: float, at: float, overtaking: bool = False):
+        self.device, self.queued_at, self.at, self.overtaking = device, queued_at, at, overtaking
 
     def ends_at(self) -> float:
-        return self.device.end(self.queued_at, self.at)
+        return self.device.end(self.queued_at, self.at, overtaken=not self.overtaking)
 
     def query(self) -> bool:
         return time.monotonic() >= self.ends_at()
@@ -99,25 +108,55 @@ class EmulatedEvent:
 
 class EmulatedDevice:
     """Work runs back to back: a forward queued while the device is busy starts when it is done,
-    later by other stages' work that came meanwhile (`shared`, None: dit has the device alone)."""
+    later by other stages' work that came meanwhile (`shared`, None: dit has the device alone) and
+    by dit's own work that overtook it (`overtaking`)."""
 
     def __init__(self, shared: SharedWork | None = None):
         self.shared = shared
         self.queued_at = self.busy_until = 0.0
+        # work that overtook the queue (engine.StepEngine.overtake): starts in order, lengths
+        self.overtake_starts: list[float] = []
+        self.overtake_seconds: list[float] = []
+        self.lane: tuple[float, float] | None = None   # inside `overtaking`: (first start, end) of its work
 
-    def end(self, queued_at: float, at: float) -> float:
-        if self.shared is None:
-            return at
-        self.shared.read()
-        return self.shared.delay(queued_at, at)
+    def end(self, queued_at: float, at: float, overtaken: bool = True) -> float:
+        if self.shared is not None:
+            self.shared.read()
+            at = self.shared.delay(queued_at, at)
+        if overtaken:
+            at = pushed_back(self.overtake_starts, self.overtake_seconds, queued_at, at)
+        return at
+
+    @contextlib.contextmanager
+    def overtaking(self) -> Iterator[None]:
+        """Work occupied inside runs at once, beside the work queued (a CUDA stream of the highest
+        priority): it pushes that work back by its length, and its events wait for it alone."""
+        now = time.monotonic()
+        self.lane = (now, now)
+        try:
+            yield
+        finally:
+            self.lane = None
 
     def occupy(self, seconds: float) -> None:
         now = time.monotonic()
+        if self.lane is not None:
+            first, until = self.lane
+            start = max(now, until, self.overtake_starts[-1] + self.overtake_seconds[-1] if self.overtake_starts else 0.0)
+            self.lane = (first, start + seconds)
+            self.overtake_starts.append(start)
+            self.overtake_seconds.append(seconds)
+            if self.shared is not None:
+                self.shared.dit_queued_until(max(start + seconds, self.end(self.queued_at, self.busy_until)))
+            return
         start = max(now, self.end(self.queued_at, self.busy_until))
         self.queued_at, self.busy_until = now, start + seconds
         if self.shared is not None:
             self.shared.dit_queued_until(self.busy_until)
 
     def event(self) -> EmulatedEvent:
-        """An event that completes when everything queued so far has run."""
+        """An event that completes when everything queued so far has run (inside `overtaking`:
+        when the work occupied inside has)."""
+        if self.lane is not None:
+            return EmulatedEvent(self, *self.lane, overtaking=True)
         return EmulatedEvent(self, self.queued_at, self.busy_until)

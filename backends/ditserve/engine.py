@@ -20,10 +20,12 @@ scheduler may have first steps run in a forward apart from their group's running
 
 A newcomer is admitted on a CUDA stream of its own (`AdmissionStream`): its copies to the
 device then wait for nothing the steps queued ahead of it, and the host queues its first step
-while the GPU still runs those.
+while the GPU still runs those. Its first step may also overtake them (`StepEngine.overtake`,
+`[engine] overtake`): it then runs at once, on a stream of the highest priority, beside them.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import defaultdict
 from collections.abc import Callable, Collection, Iterator
@@ -177,6 +179,8 @@ class StepEngine:
         # recorded after the last step's work (CUDA, or an emulated device); None on a plain CPU
         self.queued: torch.cuda.Event | EmulatedEvent | None = None
         self.admission = AdmissionStream(adapter.device)
+        # where first steps overtake the queued work (`overtake`): the highest priority there is
+        self.fast = torch.cuda.Stream(adapter.device, priority=-(1 << 10)) if adapter.device.type == "cuda" else None
 
     def __contains__(self, key: str) -> bool:
         return key in self.table
@@ -232,6 +236,73 @@ class StepEngine:
         self._read_checks(keys, previous, report)
         report.forwards, report.seconds = len(report.batch_sizes), time.monotonic() - start
         return report
+
+    def first_steps_alone(self, keys: Collection[str], apart: Collection[str] = ()) -> list[str]:
+        """The first steps among `keys` that `step(keys, apart)` would run in forwards holding no
+        running request: in `apart`, or in a group of first steps only (what `overtake` may run)."""
+        running = {self.table[key].compat_key for key in keys if self.table[key].step_index > 0}
+        return [key for key in keys if self.table[key].step_index == 0
+                and (key in apart or self.table[key].compat_key not in running)]
+
+    def can_overtake(self) -> bool:
+        """Whether a first step would overtake anything now: the device (a GPU, or one emulated)
+        still runs queued work."""
+        return (self.fast is not None or self.emulated is not None) and self.device_busy()
+
+    def overtake(self, keys: list[str]) -> StepReport:
+        """The first steps of newcomers (`keys`) at once, beside the work the device runs, instead
+        of after it; returns when their own work is done, and reports their progress then.
+
+        On a GPU they run on a stream of the highest priority, whose kernels go ahead of the
+        queued ones as the device frees: the step running finishes later by about their length,
+        and their time to first step loses its wait for it (up to a forward). They run eager: the
+        compute stream may be replaying the transformer's graphs, whose buffers they must not
+        share (with `eager_graphs` the results are the graphs' own). Later work on the compute
+        stream waits for them. Their forwards are not timed for the cost curve (they share the
+        device). An emulated device (faults `device`) runs them the same way; a plain CPU steps
+        them as `step` would."""
+        start = time.monotonic()
+        states = [self.table[key] for key in keys]
+        if any(state.step_index > 0 for state in states):
+            raise RuntimeError(f"only first steps overtake; {[s.key for s in states if s.step_index > 0]} have stepped")
+        groups: dict[tuple, list[RequestState]] = defaultdict(list)
+        for state in states:
+            groups[state.compat_key].append(state)
+            state.first_step_at = state.last_seen = start
+        report = StepReport(0, [], 0.0)
+        with self._overtaking(states):
+            for group in groups.values():
+                entries = []
+                self._step_group(group, report, entries)
+                if entries:
+                    checks = StepChecks(entries, self.emulated)
+                    for state, _, _ in entries:
+                        state.unchecked = checks
+        report.timings.clear()
+        report.queued_at = report.started_at = start
+        self._read_checks(keys, dict.fromkeys(keys), report)
+        report.forwards, report.seconds = len(report.batch_sizes), time.monotonic() - start
+        return report
+
+    @contextlib.contextmanager
+    def _overtaking(self, states: list[RequestState]) -> Iterator[None]:
+        """Work queued inside overtakes the device's queue (`overtake`)."""
+        if self.fast is None:
+            with self.emulated.overtaking() if self.emulated is not None else contextlib.nullcontext():
+                yield
+            return
+        self.fast.wait_stream(self.admission.side)   # the newcomers' copies
+        # the caching allocator must not hand out their memory while either stream may still use it
+        for tensor in (t for state in states for t in _cuda_tensors(state)):
+            tensor.record_stream(self.fast)
+        try:
+            with torch.cuda.stream(self.fast), self.adapter.eager_forwards():
+                yield
+        finally:
+            compute = torch.cuda.current_stream(self.fast.device)
+            compute.wait_stream(self.fast)
+            for tensor in (t for state in states for t in _cuda_tensors(state)):
+                tensor.record_stream(compute)
 
     def _read_checks(self, keys: list[str], previous: dict, report: StepReport) -> None:
         """Now that this step is queued, read the previous step's checks; read a first or last

@@ -23,10 +23,11 @@ Only the pieces that differ between families are abstract.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 from abc import ABC, abstractmethod
-from typing import Callable, ClassVar
+from typing import Callable, ClassVar, Iterator
 
 import torch
 from diffusers.utils.torch_utils import randn_tensor
@@ -259,6 +260,14 @@ class FamilyAdapter(ABC):
         """`forward` running `module` instead of `transformer` (families with several modules)."""
         return self.forward
 
+    @contextlib.contextmanager
+    def eager_forwards(self) -> Iterator[None]:
+        """Every transformer module's forwards inside run eager (TransformerRunner.eager_forwards)."""
+        with contextlib.ExitStack() as stack:
+            for runner in self.runners.values():
+                stack.enter_context(runner.eager_forwards())
+            yield
+
     @property
     def forward_calls(self) -> dict[str, int]:
         """Forwards run so far by path (compiled / eager), over every module's runner."""
@@ -355,9 +364,10 @@ class FamilyAdapter(ABC):
 
     def _cached(self, module: str, inputs: tuple, caches: list[RowCache | None]) -> torch.Tensor:
         """The cached forward of a batch holding a lossy tier: in CUDA graphs where its shape was
-        captured at load (cache_graphs.py), else eager. A capture that fails at load leaves the
+        captured at load (cache_graphs.py), else (or inside `eager_forwards`) eager. A capture that fails at load leaves the
         eager path serving, and the warm-up report says why."""
-        runner, graphs = self.runners[module], self.cached_graphs.get(module)
+        runner = self.runners[module]
+        graphs = None if runner.eager_only else self.cached_graphs.get(module)
         if graphs is not None:
             sig = signature(inputs, {})
             if runner.is_warming:

@@ -174,7 +174,12 @@ class DitStage:
             if len(chosen) < len(active):
                 self.metrics.scheduler_waits.increment(len(active) - len(chosen))
             apart = self.scheduler.apart([self.engine.table[key] for key in chosen])
-            self._step([(k, r) for k, r in active if k in chosen], apart, began)
+            alone = self.engine.first_steps_alone(chosen, apart) if self.deployment.engine.overtake else []
+            if alone and self.engine.can_overtake():
+                # they step now, beside the running step; the others step next, behind it
+                self._step([(k, r) for k, r in active if k in alone], overtake=True)
+            else:
+                self._step([(k, r) for k, r in active if k in chosen], apart, began)
             going_on = [(k, r) for k, r in active if k in self.engine and not self._ended_by_client(r, k)]
             if len(going_on) < len(active) or self._others_waiting(len(active)):
                 return
@@ -236,22 +241,27 @@ class DitStage:
         self.engine.admit(key, params, TextConditioning(tensors["embeds"], tensors["mask"], extra=extra))
         self.metrics.admission_seconds.observe(time.monotonic() - start)
 
-    def _step(self, active: list, apart: Collection[str] = (), began: float | None = None) -> None:
+    def _step(self, active: list, apart: Collection[str] = (), began: float | None = None,
+              overtake: bool = False) -> None:
         """One denoise step for every active request (the first steps in `apart` in forwards of
-        their own); finished ones get their final response. `began`: when the burst began on this
-        step, holds included, so that with steps back to back the step duration observed is the
-        time between them (the device's step), wherever the host waited for it."""
+        their own; with `overtake`, all of them first steps that overtake the running step:
+        engine.StepEngine.overtake); finished ones get their final response. `began`: when the
+        burst began on this step, holds included, so that with steps back to back the step
+        duration observed is the time between them (the device's step), wherever the host waited."""
         if not active:
             return
+        keys = [key for key, _ in active]
         try:
-            report = self.engine.step([key for key, _ in active], apart)
+            report = self.engine.overtake(keys) if overtake else self.engine.step(keys, apart)
         except Exception as exc:  # the engine contains model failures; this is a bug: end them all
             for key, request in active:
                 self._end(request, key, f"denoise step failed: {type(exc).__name__}: {exc}")
             active.clear()
             return
         self.scheduler.observe(report.timings)
-        if self.late_queue.enabled:
+        if overtake:   # queued beside the step the late queue forecasts, which it lengthens by about its own time
+            self.metrics.overtakes.increment(len(keys))
+        elif self.late_queue.enabled:
             self.late_queue.queued(report, self.scheduler.step_seconds(report.timings))
         if report.isolation_retries or report.failed:
             self.metrics.isolation_retries.increment(report.isolation_retries)

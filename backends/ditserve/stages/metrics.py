@@ -95,6 +95,9 @@ class DitMetrics:
         self.arrival_holds = counter("ditserve_step_holds_total",
                                      "Steps dit held back while the GPU ran the one before, because a generation "
                                      "was being encoded and could join them (step mode)", model)
+        self.overtakes = counter("ditserve_overtakes_total",
+                                 "First steps that ran at once beside the step the GPU was running, on a stream "
+                                 "of the highest priority, instead of after it ([engine] overtake)", model)
         self.late_queue = {
             "holds": counter("ditserve_late_queue_holds_total",
                              "Steps dit held back until shortly before the running step's predicted end "
