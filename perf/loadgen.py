@@ -489,7 +489,7 @@ def bucket_counts(before: dict, after: dict, name: str, model: str) -> dict[str,
 # Steps dit held back (docs/scheduler.md): for an announced arrival, and queued late (`late_queue_ms`).
 HOLD_COUNTERS = {"arrival": "ditserve_step_holds_total", "late": "ditserve_late_queue_holds_total",
                  "late_joins": "ditserve_late_queue_joins_total", "late_overran": "ditserve_late_queue_overran_total",
-                 "late_starved": "ditserve_late_queue_starved_total"}
+                 "late_starved": "ditserve_late_queue_starved_total", "overtakes": "ditserve_overtakes_total"}
 OUTCOME_COUNTERS = {"completed": "ditserve_requests_completed_total", "cancelled": "ditserve_requests_cancelled_total",
                     "failed": "ditserve_requests_failed_total"}
 

@@ -161,13 +161,11 @@ class DitStage:
         picks again before every step, from all of them, as it would in the next execute; the
         ones it passes over wait here instead of in Triton's queue. Before each step it may hold
         until shortly before the running step ends (`[engine] late_queue_ms`) and for a generation
-        that is being encoded (`_hold_for_arrival`), returning if a newcomer can join the step."""
+        that is being encoded (`_hold_for_arrival`), returning if a newcomer can join the step;
+        never before first steps that overtake the running step (`[engine] overtake`)."""
         for _ in range(self.deployment.engine.steps_per_execute):
             began = time.monotonic()
-            if self.late_queue.hold(self.engine.device_busy, lambda: self._others_waiting(len(active)),
-                                    self._arriving):
-                return
-            if self._hold_for_arrival(len(active)):
+            if not self._may_overtake(active) and self._held(len(active)):
                 return
             # The scheduler picks who steps; the rest keep their state and stay unstepped.
             chosen = self.scheduler.select([self.engine.table[key] for key, _ in active])
@@ -184,6 +182,18 @@ class DitStage:
             if len(going_on) < len(active) or self._others_waiting(len(active)):
                 return
             active = going_on
+
+    def _may_overtake(self, active: list) -> bool:
+        """Whether a newcomer's first step may overtake the running step now (`[engine] overtake`):
+        a hold would only delay it."""
+        return (self.deployment.engine.overtake and self.engine.can_overtake()
+                and any(self.engine.table[key].step_index == 0 for key, _ in active))
+
+    def _held(self, stepping: int) -> bool:
+        """Whether to return before the next step so that a newcomer joins it: the late queue's
+        hold, then the hold for an announced arrival."""
+        return (self.late_queue.hold(self.engine.device_busy, lambda: self._others_waiting(stepping), self._arriving)
+                or self._hold_for_arrival(stepping))
 
     def _hold_for_arrival(self, stepping: int) -> bool:
         """Whether to return before queueing the next step, so that a generation on its way joins it.
