@@ -108,8 +108,8 @@ def summarise(label: str, report: dict) -> dict:
 def table(rows: list[dict], kind: str = "ratio") -> str:
     """The ratios (`kind` "ratio": last mode / first) or the A/B (`kind` "ab_ratio": last / the one before)."""
     lines = ["| ladder | load (offered req/s) | p50 | p99 | mean | throughput | TTFS p50 | TTFS p50 ms | "
-             "TTFS p50 - one step, ms (bound 50) | mean step batch | late-queue holds / joins / overran |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "TTFS p50 - one step, ms (bound 50) | mean step batch | late-queue holds / joins / overran | overtakes |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def cell(row: dict, ratios: dict, key: str) -> str:
         if ratios[key] is None:
@@ -126,7 +126,8 @@ def table(rows: list[dict], kind: str = "ratio") -> str:
             + " | ".join(cell(row, r, k) for k in RATIOS)
             + f" | {other['ttfs_p50_ms']:.0f} ({base['ttfs_p50_ms']:.0f}) | "
               f"{other.get('ttfs_p50_over_one_step_ms', '-')} ({base.get('ttfs_p50_over_one_step_ms', '-')}) | "
-              f"{other['mean_step_batch']:.2f} ({base['mean_step_batch']:.2f}) | {late_queue(other)} |")
+              f"{other['mean_step_batch']:.2f} ({base['mean_step_batch']:.2f}) | {late_queue(other)} | "
+              f"{(other.get('dit_holds') or {}).get('overtakes', '-')} |")
     return "\n".join(lines)
 
 

@@ -54,7 +54,8 @@ def test_three_modes_give_the_last_ones_ratios_to_the_first_and_to_the_one_befor
     """`request_batch,step:cost,step:cost+late_queue_ms=2`: issue 22's ratios and the A/B of one key."""
     body = report(0.8, 1000.0, 800.0)
     late = {**body["reports"]["step:cost"], "p50_e2el_ms": 720.0, "p50_ttfs_ms": 80.0,
-            "dit_holds": {"arrival": 0, "late": 40, "late_joins": 4, "late_overran": 1, "late_starved": 0}}
+            "dit_holds": {"arrival": 0, "late": 40, "late_joins": 4, "late_overran": 1, "late_starved": 0,
+                          "overtakes": 3}}
     body = {**body, "modes": [*body["modes"], "step:cost+late_queue_ms=2"],
             "reports": {**body["reports"], "step:cost+late_queue_ms=2": late}}
     (tmp_path / "x-matched-control-load0p8.json").write_text(json.dumps(body))
@@ -66,7 +67,7 @@ def test_three_modes_give_the_last_ones_ratios_to_the_first_and_to_the_one_befor
     assert row["ab_ratios"]["step:cost+late_queue_ms=2/step:cost"]["ttfs_p50_ms"] == 0.8
     printed = capsys.readouterr().out
     assert "A/B: the last mode against the one before it" in printed
-    assert "| 40 / 4 / 1 |" in printed, "the compared mode's late-queue holds / joins / overran"
+    assert "| 40 / 4 / 1 | 3 |" in printed, "the compared mode's late-queue holds / joins / overran, overtakes"
 
 
 def test_paired_intervals_bracket_the_ratio_and_shrink_when_every_request_moves_alike() -> None:
