@@ -87,8 +87,8 @@ def test_loadgen_smoke_against_server(server):
     assert split["text_encoder_compute_per_exec"] > 0 and split["first_step_and_rest"] > 0, split
     assert split["encode"] + split["admission_wait"] + split["admission"] + split["first_step_and_rest"] == \
         pytest.approx(report["server_mean_ttfs_ms"], abs=0.01)
-    assert report["dit_holds"] == {"arrival": 0, "late": 0, "late_joins": 0, "late_overran": 0, "late_starved": 0}, \
-        "a CPU never holds a step"
+    assert report["dit_holds"] == {"arrival": 0, "late": 0, "late_joins": 0, "late_overran": 0, "late_starved": 0,
+                                   "overtakes": 0}, "a CPU never holds a step, nor overtakes one"
 
 
 def test_known_solo_latencies_are_not_measured_again(server):
@@ -133,8 +133,8 @@ def test_matched_control_mode_can_name_a_step_scheduler(tmp_path):
     engine = load_deployment(path).engine
     assert (engine.mode, engine.scheduler) == ("step", "cost")
     # `+KEY=VALUE` sets another [engine] key, typed as TOML would (the late queue's A/B).
-    path, _ = matched_control.write_mode_deployment(base, "step:cost+late_queue_ms=2.5+steps_per_execute=4+overtake=true#2",
-                                                    None, tmp_path / "late.toml")
+    mode = "step:cost+late_queue_ms=2.5+steps_per_execute=4+overtake=true#2"
+    path, _ = matched_control.write_mode_deployment(base, mode, None, tmp_path / "late.toml")
     engine = load_deployment(path).engine
     assert (engine.scheduler, engine.late_queue_ms, engine.steps_per_execute, engine.overtake) == ("cost", 2.5, 4, True)
     with pytest.raises(SystemExit, match="KEY=VALUE"):

@@ -142,7 +142,8 @@ class EmulatedDevice:
         now = time.monotonic()
         if self.lane is not None:
             first, until = self.lane
-            start = max(now, until, self.overtake_starts[-1] + self.overtake_seconds[-1] if self.overtake_starts else 0.0)
+            free = self.overtake_starts[-1] + self.overtake_seconds[-1] if self.overtake_starts else 0.0
+            start = max(now, until, free)   # behind overtaking work queued earlier, as on one stream
             self.lane = (first, start + seconds)
             self.overtake_starts.append(start)
             self.overtake_seconds.append(seconds)

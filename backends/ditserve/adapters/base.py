@@ -364,8 +364,8 @@ class FamilyAdapter(ABC):
 
     def _cached(self, module: str, inputs: tuple, caches: list[RowCache | None]) -> torch.Tensor:
         """The cached forward of a batch holding a lossy tier: in CUDA graphs where its shape was
-        captured at load (cache_graphs.py), else (or inside `eager_forwards`) eager. A capture that fails at load leaves the
-        eager path serving, and the warm-up report says why."""
+        captured at load (cache_graphs.py), else (or inside `eager_forwards`) eager. A capture
+        that fails at load leaves the eager path serving, and the warm-up report says why."""
         runner = self.runners[module]
         graphs = None if runner.eager_only else self.cached_graphs.get(module)
         if graphs is not None:

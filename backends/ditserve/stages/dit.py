@@ -184,10 +184,13 @@ class DitStage:
             active = going_on
 
     def _may_overtake(self, active: list) -> bool:
-        """Whether a newcomer's first step may overtake the running step now (`[engine] overtake`):
-        a hold would only delay it."""
-        return (self.deployment.engine.overtake and self.engine.can_overtake()
-                and any(self.engine.table[key].step_index == 0 for key, _ in active))
+        """Whether a newcomer's first step would overtake the running step now (`[engine] overtake`:
+        it would run in a forward holding no running request, and the device is busy): a hold would
+        only delay it. One that would join the running requests' forward is held as before."""
+        if not (self.deployment.engine.overtake and self.engine.can_overtake()):
+            return False
+        states = [self.engine.table[key] for key, _ in active]
+        return bool(self.engine.first_steps_alone([s.key for s in states], self.scheduler.apart(states)))
 
     def _held(self, stepping: int) -> bool:
         """Whether to return before the next step so that a newcomer joins it: the late queue's
