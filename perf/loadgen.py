@@ -567,6 +567,8 @@ def server_summary(before: dict, after: dict, model: str = MODEL) -> dict:
     out["step_batches"] = int(metric_delta(before, after, "ditserve_step_batch_size_count", dit))
     out["step_batch_size_histogram"] = bucket_counts(before, after, "ditserve_step_batch_size", dit)
     out["mean_step_duration_ms"] = _ms(histogram_mean(before, after, "ditserve_step_duration_seconds", dit))
+    # the device time of first steps' forwards that overtook a running step ([engine] overtake); None without one
+    out["mean_overtake_forward_ms"] = _ms(histogram_mean(before, after, "ditserve_overtake_forward_seconds", dit))
     out["ttfs_split_ms"] = ttfs_split(before, after, model, out["server_mean_ttfs_ms"], out["stage_mean_ms"]["encode"])
     out["dit_holds"] = {name: int(metric_delta(before, after, counter, dit)) for name, counter in HOLD_COUNTERS.items()}
     return out

@@ -118,9 +118,13 @@ def test_work_that_overtakes_runs_at_once_and_pushes_the_queue_back():
 
 def test_a_first_step_overtakes_the_queued_step_and_keeps_its_result(tmp_path):
     """`StepEngine.overtake` on the emulated device: a newcomer's first step returns, confirmed,
-    after its own forward while the step queued before it still runs; the forward is not timed
-    for the cost curve; both requests then step on, and the newcomer's latents are its lone run's."""
-    deployment = load_deployment(emulated_deployment(tmp_path / "emulated.toml", {}, FORWARD_S))
+    after its own forward while a long step queued before it still runs; its forward is timed
+    apart from the cost curve's timings; both requests then step on, and the newcomer's latents
+    are its lone run's."""
+    path = emulated_deployment(tmp_path / "emulated.toml", {}, FORWARD_S)
+    with path.open("a") as toml:   # the running request's forwards: 10x longer (its height only)
+        toml.write(f'\n[[faults.rules]]\npoint = "denoise"\naction = "device"\nheight = 96\nseconds = {9 * FORWARD_S}\n')
+    deployment = load_deployment(path)
     engine = StepEngine(adapter_for(deployment.model.family)(deployment, "dit"), injector(deployment, "dit"))
     params = GenerationParams("p", "", 64, 64, 4, 4.5, 7)
     cond = _cond(params)
@@ -128,18 +132,19 @@ def test_a_first_step_overtakes_the_queued_step_and_keeps_its_result(tmp_path):
     while not engine.table["alone"].done:
         engine.step(["alone"])
     alone = engine.release("alone").latents
-    running = GenerationParams("q", "", 96, 64, 8, 4.5, 1)   # another group: the two never share a forward
+    running = GenerationParams("q", "", 96, 64, 3, 4.5, 1)   # another group: the two never share a forward
     engine.admit("run", running, _cond(running))
-    engine.step(["run"])
-    engine.step(["run"])
-    engine.step(["run"])   # the host waited for the step before: this one runs for ~FORWARD_S
+    engine.step(["run"])   # its first step is checked at once
+    engine.step(["run"])   # its second runs for 10 x FORWARD_S while the host goes on
     assert engine.can_overtake()
     engine.admit("new", params, cond)
     start = time.monotonic()
     report = engine.overtake(["new"])
     took = time.monotonic() - start
     assert report.confirmed == {"new": 1} and report.timings == [] and report.batch_sizes == [1]
-    assert took == pytest.approx(FORWARD_S, abs=0.02), "its own forward, not the queued step's rest as well"
+    assert took < 5 * FORWARD_S, "its own forward, not the queued step's rest as well"
+    (seconds,) = report.overtake_seconds   # timed apart from the cost curve: its emulated forward, within the call
+    assert FORWARD_S <= seconds <= took, (seconds, took)
     assert engine.device_busy(), "the overtaken step still runs"
     with pytest.raises(RuntimeError, match="only first steps overtake"):
         engine.overtake(["run"])
@@ -202,5 +207,7 @@ def test_first_steps_overtake_the_running_step_and_every_image_is_diffusers(over
     assert_each_streamed_and_matches(requests, results, diffusers_pixart)
     delta = delta_of(before, after, "dit")
     assert delta("ditserve_overtakes_total") > 0, "a first step overtook the running step"
+    assert delta("ditserve_overtake_forward_seconds_count") == delta("ditserve_overtakes_total"), \
+        "each overtaking forward (one newcomer each here) timed"
     assert delta("ditserve_step_batch_size_sum") == sum(r.num_inference_steps for r in requests)
     assert after.get(("ditserve_state_table_size", "dit")) == 0

@@ -66,6 +66,9 @@ class StepReport:
     queued_at: float = 0.0
     started_at: float = 0.0
     ran_dry: bool = False
+    # Device seconds of each forward of first steps that overtook the running step (`overtake`):
+    # their own time plus what sharing the device with it cost; not the cost curve's.
+    overtake_seconds: list[float] = field(default_factory=list)
 
 
 class StepChecks:
@@ -258,8 +261,8 @@ class StepEngine:
         and their time to first step loses its wait for it (up to a forward). They run eager: the
         compute stream may be replaying the transformer's graphs, whose buffers they must not
         share (with `eager_graphs` the results are the graphs' own). Later work on the compute
-        stream waits for them. Their forwards are not timed for the cost curve (they share the
-        device). An emulated device (faults `device`) runs them the same way; a plain CPU steps
+        stream waits for them. Their forwards are timed apart from the cost curve's timings (they
+        share the device): `StepReport.overtake_seconds`. An emulated device (faults `device`) runs them the same way; a plain CPU steps
         them as `step` would."""
         start = time.monotonic()
         states = [self.table[key] for key in keys]
@@ -278,9 +281,10 @@ class StepEngine:
                     checks = StepChecks(entries, self.emulated)
                     for state, _, _ in entries:
                         state.unchecked = checks
-        report.timings.clear()
+        timers, report.timings = [timer for _, _, timer in report.timings], []
         report.queued_at = report.started_at = start
-        self._read_checks(keys, dict.fromkeys(keys), report)
+        self._read_checks(keys, dict.fromkeys(keys), report)   # waits for their work: the timers are done
+        report.overtake_seconds = [seconds for seconds in (t.seconds() for t in timers) if seconds is not None]
         report.forwards, report.seconds = len(report.batch_sizes), time.monotonic() - start
         return report
 

@@ -274,6 +274,8 @@ class DitStage:
         self.scheduler.observe(report.timings)
         if overtake:   # queued beside the step the late queue forecasts, which it lengthens by about its own time
             self.metrics.overtakes.increment(len(keys))
+            for seconds in report.overtake_seconds:
+                self.metrics.overtake_forward_seconds.observe(seconds)
         elif self.late_queue.enabled:
             self.late_queue.queued(report, self.scheduler.step_seconds(report.timings))
         if report.isolation_retries or report.failed:

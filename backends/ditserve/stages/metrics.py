@@ -98,6 +98,11 @@ class DitMetrics:
         self.overtakes = counter("ditserve_overtakes_total",
                                  "First steps that ran at once beside the step the GPU was running, on a stream "
                                  "of the highest priority, instead of after it ([engine] overtake)", model)
+        self.overtake_forward_seconds = histogram(
+            "ditserve_overtake_forward_seconds",
+            "Device time of a forward of first steps that overtook the running step: its own time plus what "
+            "sharing the GPU with that step cost (compare the cost curve's forward of as many requests)", model,
+            SECONDS_BUCKETS)
         self.late_queue = {
             "holds": counter("ditserve_late_queue_holds_total",
                              "Steps dit held back until shortly before the running step's predicted end "
