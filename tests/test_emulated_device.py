@@ -192,9 +192,9 @@ def test_newcomers_join_held_steps_and_every_image_is_diffusers(late_server, dif
 
 @pytest.fixture(scope="module")
 def overtake_server(tmp_path_factory):
-    """Forwards cost 30 ms per request in them (batching saves nothing: first steps run apart)."""
+    """Forwards cost 50 ms per request in them (batching saves nothing: first steps run apart)."""
     path = tmp_path_factory.mktemp("overtake") / "tiny-pixart-overtake.toml"
-    emulated_deployment(path, {"scheduler": "cost", "overtake": True, "capacity": 8}, 0.0, per_row=0.03)
+    emulated_deployment(path, {"scheduler": "cost", "overtake": True, "capacity": 8}, 0.0, per_row=0.05)
     yield from serve(rendered_server(tmp_path_factory, path, TINY_PIXART, "overtake-server"))
 
 
