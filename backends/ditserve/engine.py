@@ -220,16 +220,7 @@ class StepEngine:
         # Groups holding a request's first step go first, each with its own checks: that step's
         # progress (time to first step) then waits for its own forward, not for the other groups'.
         for states in sorted(groups.values(), key=lambda group: all(s.step_index > 0 for s in group)):
-            for state in states:
-                if state.first_step_at is None:
-                    state.first_step_at = start
-                state.last_seen = start
-            entries = []
-            self._step_group(states, report, entries)
-            if entries:  # queued on the device; read at the request's next step
-                checks = StepChecks(entries, self.emulated)
-                for state, _, _ in entries:
-                    state.unchecked = checks
+            if checks := self._queue_group(states, report, start):
                 self.queued = checks.ready
         report.queued_at = time.monotonic()
         report.ran_dry = ahead is not None and ahead.query()
@@ -271,16 +262,10 @@ class StepEngine:
         groups: dict[tuple, list[RequestState]] = defaultdict(list)
         for state in states:
             groups[state.compat_key].append(state)
-            state.first_step_at = state.last_seen = start
         report = StepReport(0, [], 0.0)
         with self._overtaking(states):
             for group in groups.values():
-                entries = []
-                self._step_group(group, report, entries)
-                if entries:
-                    checks = StepChecks(entries, self.emulated)
-                    for state, _, _ in entries:
-                        state.unchecked = checks
+                self._queue_group(group, report, start)
         timers, report.timings = [timer for _, _, timer in report.timings], []
         report.queued_at = report.started_at = start
         self._read_checks(keys, dict.fromkeys(keys), report)   # waits for their work: the timers are done
@@ -307,6 +292,22 @@ class StepEngine:
             compute.wait_stream(self.fast)
             for tensor in (t for state in states for t in _cuda_tensors(state)):
                 tensor.record_stream(compute)
+
+    def _queue_group(self, states: list[RequestState], report: StepReport, start: float) -> StepChecks | None:
+        """One group's step queued on the device (`_step_group`), with the checks of the requests it
+        stepped (read at their next step, or at once: `_read_checks`); None if none stepped."""
+        for state in states:
+            if state.first_step_at is None:
+                state.first_step_at = start
+            state.last_seen = start
+        entries = []
+        self._step_group(states, report, entries)
+        if not entries:
+            return None
+        checks = StepChecks(entries, self.emulated)
+        for state, _, _ in entries:
+            state.unchecked = checks
+        return checks
 
     def _read_checks(self, keys: list[str], previous: dict, report: StepReport) -> None:
         """Now that this step is queued, read the previous step's checks; read a first or last

@@ -272,7 +272,7 @@ class DitStage:
             active.clear()
             return
         self.scheduler.observe(report.timings)
-        if overtake:   # queued beside the step the late queue forecasts, which it lengthens by about its own time
+        if overtake:   # beside the running step: nothing for the late queue to forecast
             self.metrics.overtakes.increment(len(keys))
             for seconds in report.overtake_seconds:
                 self.metrics.overtake_forward_seconds.observe(seconds)
