@@ -62,6 +62,38 @@ def clip_ssim(a: np.ndarray, b: np.ndarray) -> float:
     return statistics.mean(ssim(x, y) for x, y in zip(frames(a), frames(b)))
 
 
+def load_stages(deployment) -> dict:
+    """The text_encoder, dit and vae_decode adapters of `deployment`, in this process."""
+    family = adapter_for(deployment.model.family)
+    return {stage: family(deployment, stage) for stage in ("text_encoder", "dit", "vae_decode")}
+
+
+def eval_params(deployment, prompts: int, steps: int | None = None) -> list[GenerationParams]:
+    """The first `prompts` evaluation prompts of the shapes dataset at the deployment's defaults
+    (`steps` denoise steps where given), seed = the prompt's index: the frontier's requests."""
+    d = deployment.defaults
+    clip = {"num_frames": d.num_frames} if deployment.is_video else {}
+    return [check_params(GenerationParams(shapes_dataset.caption(*c), d.negative_prompt, d.height, d.width,
+                                          steps or d.num_inference_steps, d.guidance_scale, seed, **clip), deployment)
+            for seed, c in enumerate(shapes_dataset.eval_prompts()[:prompts])]
+
+
+def probe_setup(thresholds: list[float], steps: int, prompts: int = 12,
+                deployment: str = "configs/tiny-pixart-shapes.toml", **accel) -> tuple[dict, list, list]:
+    """What a cache probe (perf/results/*-probe/) starts from: the deployment with one tier
+    `t<threshold>` per threshold (and `accel` keys replaced), its stages in this process, the
+    evaluation requests and their lossless images (step batches of 4)."""
+    torch.set_grad_enabled(False)
+    torch.set_num_threads(1)
+    dep = load_deployment(str(ROOT / deployment))
+    dep = replace(dep, accel=replace(dep.accel, **accel),
+                  cache=replace(dep.cache, tiers={f"t{t}": t for t in thresholds}, enabled=()))
+    stages = load_stages(dep)
+    params = eval_params(dep, prompts, steps)
+    _, reference, _ = run_tier(stages, params, 4)
+    return stages, params, reference
+
+
 def run_tier(stages: dict, params: list[GenerationParams], batch: int) -> tuple[float, list[np.ndarray], list[int]]:
     """Denoise seconds, uint8 images and cache hits of `params`, stepped `batch` at a time."""
     engine, seconds, images, hits = StepEngine(stages["dit"]), 0.0, [], []
@@ -112,15 +144,10 @@ def main() -> None:
     front = deployment.cache.front_blocks if args.front_blocks is None else args.front_blocks
     deployment = replace(deployment, cache=replace(deployment.cache, tiers=tiers, enabled=(), back_blocks=back,
                                                    front_blocks=front))
-    family = adapter_for(deployment.model.family)
-    stages = {stage: family(deployment, stage) for stage in ("text_encoder", "dit", "vae_decode")}
+    stages = load_stages(deployment)
     combos = shapes_dataset.eval_prompts()[:args.prompts]
     d = deployment.defaults
-    clip = {"num_frames": d.num_frames} if deployment.is_video else {}
-    base = [check_params(GenerationParams(shapes_dataset.caption(*c), d.negative_prompt, d.height, d.width,
-                                          args.steps or d.num_inference_steps, d.guidance_scale, seed, **clip),
-                         deployment)
-            for seed, c in enumerate(combos)]
+    base = eval_params(deployment, args.prompts, args.steps)
     run_tier(stages, base[:1], 1)   # warm-up: first-call costs out of the timings
     order = (LOSSLESS, *sorted(tiers, key=tiers.get))
     runs = {tier: [] for tier in order}

@@ -18,15 +18,11 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-import torch
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path[:0] = [str(ROOT / "backends"), str(ROOT / "perf"), str(ROOT / "scripts")]
-from ditserve.adapters import adapter_for, base  # noqa: E402
-from ditserve.deployment import load_deployment  # noqa: E402
-from ditserve.schema import GenerationParams, check_params  # noqa: E402
-import shapes_dataset  # noqa: E402
-from cache_frontier import run_tier  # noqa: E402
+from ditserve.adapters import base  # noqa: E402
+from cache_frontier import probe_setup, run_tier  # noqa: E402
 from accel_bench import psnr  # noqa: E402
 
 MODE = "none"
@@ -53,20 +49,9 @@ def scheduler_step(self, state, model_output):
 
 base.FamilyAdapter.denoise, base.FamilyAdapter.scheduler_step = denoise, scheduler_step
 
-torch.set_grad_enabled(False)
-torch.set_num_threads(1)
-dep = load_deployment(str(ROOT / "configs/tiny-pixart-shapes.toml"))
-dep = replace(dep, accel=replace(dep.accel, scheduler_step="per_request"))
 steps = int(os.environ.get("STEPS", "20"))
 thresholds = [float(t) for t in os.environ.get("THRESHOLDS", "0.14,0.16,0.2").split(",")]
-dep = replace(dep, cache=replace(dep.cache, tiers={f"t{t}": t for t in thresholds}, enabled=()))
-family = adapter_for(dep.model.family)
-stages = {s: family(dep, s) for s in ("text_encoder", "dit", "vae_decode")}
-d = dep.defaults
-base_params = [check_params(GenerationParams(shapes_dataset.caption(*c), d.negative_prompt, d.height, d.width, steps,
-                                             d.guidance_scale, seed), dep)
-               for seed, c in enumerate(shapes_dataset.eval_prompts()[:12])]
-_, reference, _ = run_tier(stages, base_params, 4)
+stages, base_params, reference = probe_setup(thresholds, steps, scheduler_step="per_request")
 for threshold in thresholds:
     for MODE in os.environ.get("MODES", "none,reused,after,both").split(","):
         _, images, hits = run_tier(stages, [replace(p, quality=f"t{threshold}") for p in base_params], 4)
