@@ -253,8 +253,8 @@ class StepEngine:
         compute stream may be replaying the transformer's graphs, whose buffers they must not
         share (with `eager_graphs` the results are the graphs' own). Later work on the compute
         stream waits for them. Their forwards are timed apart from the cost curve's timings (they
-        share the device): `StepReport.overtake_seconds`. An emulated device (faults `device`) runs them the same way; a plain CPU steps
-        them as `step` would."""
+        share the device): `StepReport.overtake_seconds`. An emulated device (faults `device`) runs
+        them the same way; a plain CPU steps them as `step` would."""
         start = time.monotonic()
         states = [self.table[key] for key in keys]
         if any(state.step_index > 0 for state in states):
@@ -290,6 +290,8 @@ class StepEngine:
         finally:
             compute = torch.cuda.current_stream(self.fast.device)
             compute.wait_stream(self.fast)
+            # walked again, not reused: the step made new tensors (latents, the solver's history)
+            # on the fast stream, which the compute stream uses from now on
             for tensor in (t for state in states for t in _cuda_tensors(state)):
                 tensor.record_stream(compute)
 
