@@ -54,7 +54,7 @@ RUN python3 -m pip install --no-cache-dir --no-deps -e /opt/ditserve \
         /var/cache/ditserve /var/cache/ditserve/inductor
 
 # The real-checkpoint GPU deployment. Its [model] path is a hub id (needs network on first
-# load) unless you mount a checkpoint and point DITSERVE_DEPLOYMENT at a config naming it.
+# load) unless you mount a checkpoint and, over this config, a config naming it (docs/docker.md).
 # HF_HUB_OFFLINE is left to the user.
 # TORCHINDUCTOR_CACHE_DIR: the deployment's [accel] compiles the transformer while the model
 # loads (minutes the first time); mount a volume here (docs/docker.md) and a restart reuses it.
