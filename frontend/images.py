@@ -4,6 +4,7 @@ from __future__ import annotations
 import base64
 import io
 import time
+from dataclasses import dataclass
 from functools import partial
 from typing import Literal
 
@@ -14,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ditserve.client import GenerationRequest
 
+from .errors import invalid
 from .gateway import Final, Progress
 from .media import stored_url
 from .requests import cache_tier, check_n, choose_model, one_per_image, parse_size, size_text
@@ -32,7 +34,8 @@ class ImageGenerationBody(BaseModel):
     n: int = 1
     size: str | None = "auto"
     response_format: Literal["b64_json", "url"] | None = "b64_json"
-    output_format: Literal["png"] | None = "png"
+    output_format: Literal["png", "jpeg", "webp"] | None = "png"
+    output_compression: int | None = Field(default=None, ge=0, le=100)   # jpeg / webp quality; OpenAI's default 100
     stream: bool = False
     user: str | None = None              # accepted, unused
     seed: int | None = Field(default=None, ge=0)
@@ -47,19 +50,41 @@ class ImageGenerationBody(BaseModel):
                                  self.guidance_scale, self.seed, quality=cache_tier(self.quality))
 
 
-def png_bytes(image: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    Image.fromarray(image).save(buffer, format="PNG")
-    return buffer.getvalue()
+    def encoding(self) -> "Encoding":
+        """How each image is written; `output_compression` is the quality of the lossy formats only."""
+        output_format = self.output_format or "png"
+        if output_format == "png" and self.output_compression is not None:
+            raise invalid("output_compression", "output_compression applies to output_format 'jpeg' and 'webp' "
+                          "only; PNG is lossless")
+        quality = 100 if self.output_compression is None else self.output_compression
+        return Encoding(output_format, quality)
 
 
-def image_data(final: Final, formats: set[str], request: Request) -> dict:
-    """One item of `data`: the PNG in each of `formats` (`b64_json`, `url`), plus the `seed` used
-    and the steps its quality tier reused."""
-    png = png_bytes(final.image)
-    item = {"url": stored_url(request, png, ".png")} if "url" in formats else {}
+@dataclass(frozen=True)
+class Encoding:
+    """An image file format and, for the lossy ones, its quality (0-100). The encoder's speed is the
+    front end's own latency: at 1024x1024, Pillow's PNG takes 30-140 ms (zlib level 1, below: 2.4x
+    faster than its default level 6, files ~1.4x larger), JPEG 3-9 ms, WebP at its fastest
+    method 17-80 ms (perf/results/2026-12-05-h100-frontend-s42.md)."""
+
+    format: str = "png"
+    quality: int = 100
+
+    def encode(self, image: np.ndarray) -> bytes:
+        buffer = io.BytesIO()
+        options = {"png": {"compress_level": 1}, "jpeg": {"quality": self.quality},
+                   "webp": {"quality": self.quality, "method": 0}}[self.format]
+        Image.fromarray(image).save(buffer, format=self.format.upper(), **options)
+        return buffer.getvalue()
+
+
+def image_data(final: Final, formats: set[str], request: Request, encoding: Encoding) -> dict:
+    """One item of `data`: the image file in each of `formats` (`b64_json`, `url`), plus the `seed`
+    used and the steps its quality tier reused."""
+    data = encoding.encode(final.image)
+    item = {"url": stored_url(request, data, f".{encoding.format}")} if "url" in formats else {}
     if "b64_json" in formats:
-        item["b64_json"] = base64.b64encode(png).decode("ascii")
+        item["b64_json"] = base64.b64encode(data).decode("ascii")
     return {**item, "revised_prompt": None, "seed": final.seed, "cache_hits": final.cache_hits}
 
 
@@ -67,22 +92,24 @@ def image_data(final: Final, formats: set[str], request: Request) -> dict:
 async def generate_images(body: ImageGenerationBody, request: Request):
     app = request.app.state
     check_n(body.n, app.settings.max_n)
+    encoding = body.encoding()
     task = choose_model(body.model, await app.gateway.task_states(), ("txt2img",), "txt2img")
     await app.gateway.check_ready(task)
     requests = one_per_image(body.generation(), body.n)
     created = int(time.time())
-    if body.stream:   # OpenAI streams the PNG in b64_json; `url` adds a link to the stored file
+    if body.stream:   # OpenAI streams the image in b64_json; `url` adds a link to the stored file
         render = partial(_render_event, formats={"b64_json", body.response_format or "b64_json"},
-                         quality=body.quality or "auto", request=request)
+                         quality=body.quality or "auto", request=request, encoding=encoding)
         return await event_stream(merged(app.gateway, task, requests), render)
     finals = await unless_disconnected(request, collect(app.gateway, task, requests))
     formats = {body.response_format or "b64_json"}
-    return {"created": created, "data": [image_data(f, formats, request) for f in finals],
-            "output_format": "png", "size": size_text(*finals[0].image.shape[:2]), "quality": body.quality or "auto"}
+    return {"created": created, "data": [image_data(f, formats, request, encoding) for f in finals],
+            "output_format": encoding.format, "size": size_text(*finals[0].image.shape[:2]),
+            "quality": body.quality or "auto"}
 
 
 def _render_event(index: int, event: Progress | Final, formats: set[str], quality: str,
-                  request: Request) -> tuple[str, dict]:
+                  request: Request, encoding: Encoding) -> tuple[str, dict]:
     """SSE: `image_generation.progress` per denoise step of each image, then its
     `image_generation.completed` (the shape OpenAI streams, plus `index`, `seed`, `cache_hits`
     and `url` when asked for)."""
@@ -91,5 +118,6 @@ def _render_event(index: int, event: Progress | Final, formats: set[str], qualit
         return "image_generation.progress", {"index": index, "step": event.done, "total_steps": event.total,
                                              "created_at": now}
     return "image_generation.completed", {
-        "index": index, **image_data(event, formats, request), "created_at": now,
-        "size": size_text(*event.image.shape[:2]), "output_format": "png", "background": "opaque", "quality": quality}
+        "index": index, **image_data(event, formats, request, encoding), "created_at": now,
+        "size": size_text(*event.image.shape[:2]), "output_format": encoding.format, "background": "opaque",
+        "quality": quality}

@@ -1,6 +1,7 @@
 """Start the front end as its own process and wait until it answers (tests, scripts/web.py)."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -23,7 +24,9 @@ class FrontendProcess:
 
     def start(self, timeout_s: float = 60) -> "FrontendProcess":
         out = open(self.log_path, "w") if self.log_path else None
-        self.process = subprocess.Popen(self.command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        # backends/ on the path, for a checkout without the editable install (the lent GPU machine)
+        env = {**os.environ, "PYTHONPATH": f"{ROOT / 'backends'}:{os.environ.get('PYTHONPATH', '')}".rstrip(":")}
+        self.process = subprocess.Popen(self.command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -19,8 +19,8 @@ from fastapi.responses import FileResponse
 
 from .errors import APIError
 
-MEDIA_TYPES = {".png": "image/png", ".mp4": "video/mp4"}
-_NAME = re.compile(r"^[A-Za-z0-9_-]{32}\.(png|mp4)$")
+MEDIA_TYPES = {".png": "image/png", ".jpeg": "image/jpeg", ".webp": "image/webp", ".mp4": "video/mp4"}
+_NAME = re.compile(r"^[A-Za-z0-9_-]{32}\.(png|jpeg|webp|mp4)$")
 
 
 class MediaStore:

@@ -19,11 +19,17 @@
    server: `--solo` solo requests (p50) and the closed loop again, with the steps each request
    reused (`cache_hits`) and the PSNR of its seed-1 media against the served lossless one. Ratios:
    the tier's throughput and solo p50 against lossless's.
+4. Front end (images, `--frontend`): `python -m frontend` (the OpenAI-compatible HTTP API, its own
+   process) on the same server, `--solo` requests of seed 1 through POST /v1/images/generations
+   (b64_json) in PNG and in JPEG: their p50 against the direct client's, and the file against the
+   image the direct client got (PNG: equal; JPEG: PSNR).
 Writes DIR/accel_<name>.json; the rows of perf/results/<date>-h200-accel.json are taken from these files.
 """
 from __future__ import annotations
 
 import argparse
+import base64
+import io
 import json
 import math
 import shutil
@@ -32,17 +38,19 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "backends"), str(ROOT / "perf")]
+sys.path[:0] = [str(ROOT / "backends"), str(ROOT / "perf"), str(ROOT)]   # ROOT: frontend/ (--frontend)
 
 from ditserve.client import DitClient, GenerationRequest  # noqa: E402
 from ditserve.deployment import LOSSLESS, load_deployment, parse_accel_overrides, write_variant  # noqa: E402
 from ditserve.launcher import ServerOptions, TritonServer, free_ports  # noqa: E402
+from frontend.launcher import FrontendProcess  # noqa: E402
 import loadgen  # noqa: E402
 
 PROMPT = "a red fox sitting in the snow, watercolor"
@@ -191,6 +199,40 @@ def lossy_tier(url: str, args, tier: str, lossless: dict, lossless_media: np.nda
     return out
 
 
+def through_frontend(args, server: TritonServer, work: Path, direct: Timed) -> dict:
+    """`--solo` seed-1 images through the front end's POST /v1/images/generations in each output
+    format (PNG, and JPEG at quality 100): p50 against the direct client's solo p50 (`direct` is one
+    of its seed-1 generations), and the file against the direct image: equal for PNG (same server,
+    seed and shape: bit for bit), PSNR for JPEG."""
+    from PIL import Image   # only here: the front end's files
+    frontend = FrontendProcess(server.grpc_url, free_ports(1)[0], log_path=work / f"frontend-{args.name}.log").start()
+    out = {}
+    try:
+        for output_format in ("png", "jpeg"):
+            body = json.dumps({"prompt": args.prompt, "size": f"{args.width}x{args.height}", "seed": 1,
+                               "num_inference_steps": args.steps, "guidance_scale": args.guidance,
+                               "response_format": "b64_json", "output_format": output_format}).encode()
+            times, answer = [], {}
+            for _ in range(args.solo):
+                post = urllib.request.Request(frontend.url + "/v1/images/generations", data=body,
+                                              headers={"Content-Type": "application/json"})
+                start = time.perf_counter()
+                with urllib.request.urlopen(post, timeout=600) as response:
+                    answer = json.loads(response.read())
+                times.append((time.perf_counter() - start) * 1000)
+            data = base64.b64decode(answer["data"][0]["b64_json"])
+            image = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+            out[output_format] = {"solo_ms": [round(t, 1) for t in times], "solo_p50_ms": round(statistics.median(times), 1),
+                                  "bytes": len(data), "equals_direct": bool(np.array_equal(image, direct.media)),
+                                  "psnr_vs_direct_db": None if np.array_equal(image, direct.media) else round(psnr(image, direct.media), 2)}
+            print(f"[accel] front end, {output_format}: solo p50 {out[output_format]['solo_p50_ms']} ms, "
+                  f"{len(data)} bytes, equals the direct image: {out[output_format]['equals_direct']} "
+                  f"(PSNR {out[output_format]['psnr_vs_direct_db']} dB)", flush=True)
+    finally:
+        frontend.stop()
+    return out
+
+
 def served(args, work: Path, report: dict) -> None:
     size = f"{args.frames}x" * bool(args.frames) + f"{args.height}x{args.width}"
     accel = {"warm_sizes": [size], **parse_accel_overrides(args.accel)}
@@ -239,6 +281,10 @@ def served(args, work: Path, report: dict) -> None:
               f"first step p50 {report['solo_first_step_p50_ms']} ms (bound {report['solo_first_step_bound_ms']}), "
               f"PSNR {report['psnr_vs_raw_db']} dB", flush=True)
         before = loadgen.scrape(server.metrics_url)
+        if args.frontend:
+            report["frontend"] = through_frontend(args, server, work, solo[-1])
+            for measured in report["frontend"].values():
+                measured["solo_p50_vs_direct"] = round(measured["solo_p50_ms"] / report["solo_p50_ms"], 3)
         if args.concurrency > 1:
             report["concurrent"] = closed_loop(server.grpc_url, args)
             print(f"[accel] concurrency {args.concurrency}: {report['concurrent']}", flush=True)
@@ -310,8 +356,12 @@ def main() -> int:
     ap.add_argument("--cache-front-blocks", type=int, default=None,
                     help="the variant's [cache] front_blocks (the first N blocks run at every step and decide); "
                          "default: the deployment's")
+    ap.add_argument("--frontend", action="store_true",
+                    help="also --solo seed-1 images through the OpenAI-compatible front end (images only)")
     ap.add_argument("--out", default=str(ROOT / "outputs" / "accel"))
     args = ap.parse_args()
+    if args.frontend and args.frames:
+        ap.error("--frontend measures images; video families answer through its job API (docs/frontend.md)")
     if args.tiers.split(",")[0] != LOSSLESS:
         ap.error(f"--tiers must start with {LOSSLESS} (the reference of the others), got {args.tiers!r}")
     args.height, args.width = (int(v) for v in args.size.lower().split("x"))

@@ -77,7 +77,7 @@
 #             ACCEL_IN_FLIGHT generations in flight (default 1.5 x capacity: [engine] in_flight; a row
 #             ROW@cap, e.g. ACCEL_ROWS=pixart512,pixart512@cap, runs in_flight = capacity; ROW@spe1 runs
 #             [engine] steps_per_execute = 1; ROW@stage1 stage_instances = 1; ROW@cudnn [accel] attention =
-#             "cudnn"); wan: 81x480x832, 10 steps, solo; shapes: the trained tiny model in bf16 at 64x64
+#             "cudnn"; ROW@fe also sends the solo requests through the front end); wan: 81x480x832, 10 steps, solo; shapes: the trained tiny model in bf16 at 64x64
 #             (perf/deployments/tiny-pixart-shapes-bf16.toml), for the PSNR on trained weights) ->
 #             $OUT/accel.tgz (perf/accel_bench.py's JSON and server log per row); ~4-5 min per PixArt
 #             row with its build, compile and warm-up (not in `all`); ACCEL_RESTART=1 compiles into a fresh
@@ -398,7 +398,8 @@ stage_video() {
 # warm): ROW@cap runs with in_flight = capacity (named ROW-inflight-cap), ROW@spe1 with
 # steps_per_execute = 1, one denoise step per dit execute (named ROW-spe1), ROW@stage1 with one
 # text_encoder and one vae_decode instance (stage_instances = 1; at capacity 16 the default is 2),
-# ROW@cudnn with [accel] attention = "cudnn" (named ROW-cudnn). Variants combine with +:
+# ROW@cudnn with [accel] attention = "cudnn" (named ROW-cudnn), ROW@fe also through the OpenAI-compatible
+# front end (accel_bench.py --frontend; named ROW-frontend). Variants combine with +:
 # pixart512@cudnn+spe1 is named pixart512-cudnn-spe1.
 accel_row() {
     local common=(--out "$WORK/accel") accel=(${ACCEL_SETTINGS:-transformer=cuda_graphs vae_decode=compile text_encoder=compile})
@@ -411,7 +412,8 @@ accel_row() {
             spe1) suffix+=-spe1; common+=(--steps-per-execute 1) ;;
             stage1) suffix+=-stage1; common+=(--stage-instances 1) ;;
             cudnn) suffix+=-cudnn; accel+=(attention=cudnn) ;;
-            *) echo "unknown accel row variant: $variant in $1 (ROW@cap, ROW@spe1, ROW@stage1, ROW@cudnn or several joined by +)"; return 2 ;;
+            fe) suffix+=-frontend; common+=(--frontend) ;;   # also through the OpenAI-compatible front end
+            *) echo "unknown accel row variant: $variant in $1 (ROW@cap, ROW@spe1, ROW@stage1, ROW@cudnn, ROW@fe or several joined by +)"; return 2 ;;
         esac
     done
     case "$row" in
@@ -442,7 +444,7 @@ accel_row() {
                     "$PY" perf/accel_bench.py --deployment configs/wan2.1-t2v-1.3b-random.toml --name "wan$suffix" \
                         --size 480x832 --frames 81 --steps 10 --guidance 5 --capacity 1 --raw-runs 2 --solo 2 \
                         "${common[@]}" --accel "${accel[@]}" ;;
-        *) echo "unknown accel row: $1 (pixart512|pixart1024|wan|shapes|shapes32, PixArt rows also ROW@cap, ROW@spe1, ROW@stage1; any ROW@cudnn)"; return 2 ;;
+        *) echo "unknown accel row: $1 (pixart512|pixart1024|wan|shapes|shapes32, PixArt rows also ROW@cap, ROW@spe1, ROW@stage1, ROW@fe; any ROW@cudnn)"; return 2 ;;
     esac
 }
 

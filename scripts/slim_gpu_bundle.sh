@@ -13,9 +13,11 @@
 # the limit again, so it also drops numpy's own tests, strips the debug symbols of rapidjson's .so
 # and of tritonserver's executable and library (strip --strip-unneeded; the stripped server ran the
 # H200 scheduler ladder that day), and packs both archives with xz -9: .gpu comes to ~34 MB, and
-# replaces ICU's data library with a stub (below): ~27 MB.
+# replaces ICU's data library with a stub (below): ~27 MB; ~26.5 MB since diffusers' unused pipelines
+# are pruned (below, session 42).
 #
-#   bash scripts/slim_gpu_bundle.sh          (from the checkout root, after make_gpu_bundle.sh)
+#   bash scripts/slim_gpu_bundle.sh                   (from the checkout root, after make_gpu_bundle.sh)
+#   WITH_FRONTEND=1 bash scripts/slim_gpu_bundle.sh   (also the front end's packages: below)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 G=.gpu
@@ -28,6 +30,19 @@ grep -q '^python3 -m pip install .*\$_G/whl/\*\.whl' $G/env.sh || {
 # The device image has no ftfy, which diffusers' Wan pipelines call when they clean a prompt
 # (building tiny-wan-i2v there raised NameError: name 'ftfy' is not defined, 2026-12-04).
 python3 -m pip download -q --no-deps -d $G/whl ftfy wcwidth
+# WITH_FRONTEND=1: the front end's packages that the device image lacks (FastAPI, Starlette,
+# pydantic, uvicorn, python-multipart and their own needs; the image has anyio, click, h11, idna and
+# annotated-doc; typing-extensions comes too, as pydantic needs 4.16: ../.library/device/KINDS.md),
+# for `perf/accel_bench.py --frontend` (accel rows ROW@fe). They add ~2 MB, which puts the tree
+# plus .gpu over the device tool's 64 MiB (session 42: 38 MB tracked + 28.6 MB): for such a call,
+# move perf/results' training sample PNGs (3.8 MB) out of the checkout and back afterwards.
+if [ "${WITH_FRONTEND:-0}" = 1 ]; then
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d $G/whl \
+        fastapi==0.165.0 starlette==1.10.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 \
+        typing-inspection==0.4.5 typing-extensions==4.16.0 opentelemetry-api==1.45.3 uvicorn==0.55.0 \
+        python-multipart==0.0.34
+fi
 site=$(mktemp -d)
 trap 'rm -rf "$site"' EXIT
 for wheel in $G/whl/*.whl; do
@@ -35,6 +50,19 @@ for wheel in $G/whl/*.whl; do
     python3 -m zipfile -e "$wheel" "$site"
 done
 find "$site/numpy" -type d -name tests -prune -exec rm -rf {} +
+# diffusers' pipelines of families we do not serve (13 of its 16 MB of pipelines) and its modular
+# pipelines (3.7 MB), to make room for the front end's packages: kept are the pipelines our adapters
+# and perf/ import (PixArt-Sigma, FLUX.1, SD3, Wan2.1 / 2.2, Qwen-Image) and stable_diffusion, which
+# they import from. diffusers imports both lazily, so the rest are never read (checked on the CPU
+# host with a copy pruned so, 2026-12-05: every models/tiny-* loads with
+# DiffusionPipeline.from_pretrained, and the tiny PixArt and Wan pipelines generate).
+rm -rf "$site/diffusers/modular_pipelines"
+for pipeline in "$site"/diffusers/pipelines/*/; do
+    case "$(basename "$pipeline")" in
+        pixart_alpha|flux|stable_diffusion_3|wan|qwenimage|stable_diffusion) ;;
+        *) rm -rf "$pipeline" ;;
+    esac
+done
 strip --strip-unneeded "$site"/rapidjson*.so
 echo "slim_gpu_bundle: packing $(du -sh "$site" | cut -f1) into $G/site.txz (xz -9, ~40 s)"
 XZ_OPT=-9 tar cJf $G/site.txz -C "$site" .

@@ -195,6 +195,34 @@ def test_url_responses_download_the_b64_json_png(client, frontend):
     assert done.b64_json == inline.b64_json and done.url != item.url
 
 
+def psnr_db(a: np.ndarray, b: np.ndarray) -> float:
+    mse = np.mean((a.astype(float) - b.astype(float)) ** 2)
+    return float("inf") if mse == 0 else 10 * np.log10(255 ** 2 / mse)
+
+
+def test_jpeg_and_webp_carry_the_image_at_their_quality(client, frontend):
+    """`output_format` jpeg / webp (OpenAI's formats besides PNG): the file decodes to the PNG's
+    pixels within its format's loss, `output_compression` is its quality (a lower one, a smaller
+    file), the response says which format it holds, and a stored one is served with its media type."""
+    args = dict(prompt="a green square on a white background", size="64x64",
+                extra_body={"seed": 8, "num_inference_steps": 6})
+    exact = png(client.images.generate(**args).data[0].b64_json)
+    for fmt, media_type in (("jpeg", "image/jpeg"), ("webp", "image/webp")):
+        best = client.images.generate(output_format=fmt, **args)
+        low = client.images.generate(output_format=fmt, output_compression=20, **args)
+        assert best.output_format == low.output_format == fmt
+        data, small = (base64.b64decode(r.data[0].b64_json) for r in (best, low))
+        decoded = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+        assert Image.open(io.BytesIO(data)).format == fmt.upper() and decoded.shape == exact.shape
+        assert psnr_db(decoded, exact) > 30, f"{fmt} at quality 100: {psnr_db(decoded, exact):.1f} dB"
+        assert len(small) < len(data), f"{fmt}: quality 20 gave {len(small)} bytes, 100 gave {len(data)}"
+        [item] = client.images.generate(output_format=fmt, response_format="url", **args).data
+        status, headers, _ = call(frontend.url, "GET", item.url.removeprefix(frontend.url))
+        assert status == 200 and headers["content-type"] == media_type
+    *_, done = client.images.generate(stream=True, output_format="jpeg", **args)
+    assert done.output_format == "jpeg" and Image.open(io.BytesIO(base64.b64decode(done.b64_json))).format == "JPEG"
+
+
 def test_the_media_store_keeps_the_newest_files_within_its_bounds(tmp_path):
     store = MediaStore(tmp_path, max_files=2, max_bytes=10)
     a, b, c = (store.put(data, ".png") for data in (b"aa", b"bbb", b"cccc"))
@@ -237,6 +265,9 @@ def test_the_command_line_defaults_face_no_one(monkeypatch):
     ({"size": "large"}, 400, "size"),
     ({"style": "vivid"}, 400, "style"),
     ({"response_format": "jpeg"}, 400, "response_format"),
+    ({"output_format": "gif"}, 400, "output_format"),
+    ({"output_compression": 80}, 400, "output_compression"),                # PNG is lossless
+    ({"output_format": "jpeg", "output_compression": 101}, 400, "output_compression"),
     ({"extra_body": {"num_inference_steps": "many"}}, 400, "num_inference_steps"),
     ({"extra_body": {"guidance_scale_2": 2.0}}, 400, "guidance_scale_2"),   # a video-only input (Wan2.2 A14B)
     ({"model": "dall-e-3"}, 404, "model"),

@@ -1,5 +1,5 @@
 #!/bin/bash
-# session 42: session 40's prepared calls plus `accel` (GPU tests, then served vs raw diffusers at 512 / 1024px).
+# session 42: session 40's prepared calls plus `accel` (GPU tests, then served vs raw diffusers at 512 / 1024px) and `frontend` (the same rows, also through the OpenAI-compatible front end).
 #   bash .gpu/next-calls-not-run.sh mixed    # the mixed trace at 0.5 / 0.8 with overtake (issue 22's loads)
 #   bash .gpu/next-calls-not-run.sh 512      # 512px: does the late queue's idle gap cost the median?
 #   bash .gpu/next-calls-not-run.sh 1024     # 1024px at 0.8 again, with the hold rule of the commit after dd38371
@@ -10,6 +10,7 @@ nvidia-smi --query-gpu=name,memory.used,clocks.sm --format=csv
 common=(SCHED_ACCEL="transformer=eager_graphs text_encoder=cuda_graphs" SCHED_SOLO_REPEATS=1 SCHED_MIN_S=300
         RECIPE_DEADLINE_S=$((575 - SECONDS)) OUT=$D)
 case "$1" in
+  frontend) ACCEL_SETTINGS=transformer=eager_graphs ACCEL_ROWS=pixart1024@fe,pixart512@fe OUT=$D/accel timeout $((588 - SECONDS)) bash perf/gpu_recipe.sh accel ;;
   accel) OUT=$D/gputests timeout 150 bash perf/gpu_recipe.sh gputests; echo "T gputests $SECONDS"
          ACCEL_SETTINGS=transformer=eager_graphs ACCEL_ROWS=pixart512,pixart1024 OUT=$D/accel timeout $((588 - SECONDS)) bash perf/gpu_recipe.sh accel ;;
   mixed) env "${common[@]}" SCHED_MODES="request_batch,step:cost+late_queue_ms=2+overtake=true" \
