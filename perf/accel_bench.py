@@ -222,9 +222,10 @@ def through_frontend(args, server: TritonServer, work: Path, direct: Timed) -> d
                 times.append((time.perf_counter() - start) * 1000)
             data = base64.b64decode(answer["data"][0]["b64_json"])
             image = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+            equal = bool(np.array_equal(image, direct.media))
             out[output_format] = {"solo_ms": [round(t, 1) for t in times], "solo_p50_ms": round(statistics.median(times), 1),
-                                  "bytes": len(data), "equals_direct": bool(np.array_equal(image, direct.media)),
-                                  "psnr_vs_direct_db": None if np.array_equal(image, direct.media) else round(psnr(image, direct.media), 2)}
+                                  "bytes": len(data), "equals_direct": equal,
+                                  "psnr_vs_direct_db": None if equal else round(psnr(image, direct.media), 2)}
             print(f"[accel] front end, {output_format}: solo p50 {out[output_format]['solo_p50_ms']} ms, "
                   f"{len(data)} bytes, equals the direct image: {out[output_format]['equals_direct']} "
                   f"(PSNR {out[output_format]['psnr_vs_direct_db']} dB)", flush=True)
