@@ -26,12 +26,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
-def pushed_back(starts: list[float], seconds: list[float], queued_at: float, at: float) -> float:
+def pushed_back(starts: list[float], seconds: list[float], queued_at: float, at: float,
+                issued: list[float] | None = None) -> float:
     """When work queued at `queued_at` and due at `at` on its own ends, if each piece of other
-    work (`starts` in order, `seconds` long) that started while it was pending pushes it back by
-    its length. (Work queued while a piece still runs is not pushed back by the rest of it: an
-    error of at most its length.)"""
-    i = bisect.bisect_left(starts, queued_at)
+    work (`starts` in order, `seconds` long) issued after it was queued (`issued`, in the same
+    order; default: when the piece starts) and started while it was pending pushes it back by its
+    length. A piece issued earlier is in `at` already (the work was queued behind it). (Work queued
+    while a piece still runs is not pushed back by the rest of it: an error of at most its length.)"""
+    i = bisect.bisect_left(starts if issued is None else issued, queued_at)
     while i < len(starts) and starts[i] < at:
         at += seconds[i]
         i += 1
@@ -114,7 +116,9 @@ class EmulatedDevice:
     def __init__(self, shared: SharedWork | None = None):
         self.shared = shared
         self.queued_at = self.busy_until = 0.0
-        # work that overtook the queue (engine.StepEngine.overtake): starts in order, lengths
+        # work that overtook the queue (engine.StepEngine.overtake): when each piece was issued,
+        # when it starts (a piece issued behind another in the lane starts when that one ends), lengths
+        self.overtake_issued: list[float] = []
         self.overtake_starts: list[float] = []
         self.overtake_seconds: list[float] = []
         self.lane: tuple[float, float] | None = None   # inside `overtaking`: (first start, end) of its work
@@ -124,7 +128,7 @@ class EmulatedDevice:
             self.shared.read()
             at = self.shared.delay(queued_at, at)
         if overtaken:
-            at = pushed_back(self.overtake_starts, self.overtake_seconds, queued_at, at)
+            at = pushed_back(self.overtake_starts, self.overtake_seconds, queued_at, at, self.overtake_issued)
         return at
 
     @contextlib.contextmanager
@@ -145,6 +149,7 @@ class EmulatedDevice:
             free = self.overtake_starts[-1] + self.overtake_seconds[-1] if self.overtake_starts else 0.0
             start = max(now, until, free)   # behind overtaking work queued earlier, as on one stream
             self.lane = (first, start + seconds)
+            self.overtake_issued.append(now)
             self.overtake_starts.append(start)
             self.overtake_seconds.append(seconds)
             if self.shared is not None:
