@@ -87,9 +87,10 @@ def sse(event_type: str, payload: dict) -> str:
 
 
 async def event_stream(events: AsyncIterator[tuple[int, Progress | Final]],
-                       render: Callable[[int, Progress | Final], tuple[str, dict]]) -> StreamingResponse:
-    """An SSE response of `render`ed events. The first event is awaited before the response
-    starts, so a request the server rejects still gets its HTTP error status."""
+                       render: Callable[[int, Progress | Final], Awaitable[tuple[str, dict]]]) -> StreamingResponse:
+    """An SSE response of `render`ed events (awaited: rendering an image encodes it off the event
+    loop). The first event is awaited before the response starts, so a request the server rejects
+    still gets its HTTP error status."""
     try:
         first = await anext(events)
     except BaseException:
@@ -98,10 +99,10 @@ async def event_stream(events: AsyncIterator[tuple[int, Progress | Final]],
 
     async def body():
         async with aclosing(events):
-            yield sse(*render(*first))
+            yield sse(*await render(*first))
             try:
                 async for index, event in events:
-                    yield sse(*render(index, event))
+                    yield sse(*await render(index, event))
             except APIError as exc:   # after the 200: the error travels as an event
                 yield sse("error", exc.body())
 

@@ -226,7 +226,7 @@ async def generate_video_sync(request: Request, form: VideoForm = Depends(), str
                     headers={"X-Seed": str(final.seed), "X-Cache-Hits": str(final.cache_hits)})
 
 
-def _render_event(_index: int, event: Progress | Final) -> tuple[str, dict]:
+async def _render_event(_index: int, event: Progress | Final) -> tuple[str, dict]:
     now = int(time.time())
     if isinstance(event, Progress):
         return "video_generation.progress", {"step": event.done, "total_steps": event.total, "created_at": now}
