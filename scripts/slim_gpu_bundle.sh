@@ -55,7 +55,8 @@ find "$site/numpy" -type d -name tests -prune -exec rm -rf {} +
 # and perf/ import (PixArt-Sigma, FLUX.1, SD3, Wan2.1 / 2.2, Qwen-Image) and stable_diffusion, which
 # they import from. diffusers imports both lazily, so the rest are never read (checked on the CPU
 # host with a copy pruned so, 2026-12-05: every models/tiny-* loads with
-# DiffusionPipeline.from_pretrained, and the tiny PixArt and Wan pipelines generate).
+# DiffusionPipeline.from_pretrained, and the tiny PixArt and Wan pipelines generate; on the GPU host,
+# session 42's front-end calls ran full-size PixArt, raw and served, from the pruned bundle).
 rm -rf "$site/diffusers/modular_pipelines"
 for pipeline in "$site"/diffusers/pipelines/*/; do
     case "$(basename "$pipeline")" in
