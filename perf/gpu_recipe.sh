@@ -78,7 +78,8 @@
 #             ROW@cap, e.g. ACCEL_ROWS=pixart512,pixart512@cap, runs in_flight = capacity; ROW@spe1 runs
 #             [engine] steps_per_execute = 1; ROW@stage1 stage_instances = 1; ROW@cudnn [accel] attention =
 #             "cudnn"; ROW@fe also sends the solo requests through the front end); wan: 81x480x832, 10
-#             steps, solo; shapes: the trained tiny model in bf16 at 64x64 (perf/deployments/tiny-pixart-shapes-bf16.toml), for the PSNR on trained weights) ->
+#             steps, solo; shapes: the trained tiny model in bf16 at 64x64
+#             (perf/deployments/tiny-pixart-shapes-bf16.toml), for the PSNR on trained weights) ->
 #             $OUT/accel.tgz (perf/accel_bench.py's JSON and server log per row); ~4-5 min per PixArt
 #             row with its build, compile and warm-up (not in `all`); ACCEL_RESTART=1 compiles into a fresh
 #             cache and then starts the server again on it (warm-cache READY and first request; ~+1-2 min)
