@@ -9,6 +9,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from ditserve.launcher import backends_on_pythonpath
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -24,8 +26,7 @@ class FrontendProcess:
 
     def start(self, timeout_s: float = 60) -> "FrontendProcess":
         out = open(self.log_path, "w") if self.log_path else None
-        # backends/ on the path, for a checkout without the editable install (the lent GPU machine)
-        env = {**os.environ, "PYTHONPATH": f"{ROOT / 'backends'}:{os.environ.get('PYTHONPATH', '')}".rstrip(":")}
+        env = {**os.environ, "PYTHONPATH": backends_on_pythonpath(os.environ)}
         self.process = subprocess.Popen(self.command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -17,6 +17,7 @@ import sys
 import sysconfig
 import time
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -149,10 +150,16 @@ def server_env(deployment: str | None = None, malloc: str | None = None) -> dict
     env.setdefault("PYTHONUNBUFFERED", "1")
     # The package lives in backends/; the stub ignores PYTHONPATH, but an editable install
     # puts it on the path. Keep PYTHONPATH too for tools that honour it.
-    env["PYTHONPATH"] = f"{REPO_ROOT / 'backends'}:{env.get('PYTHONPATH', '')}".rstrip(":")
+    env["PYTHONPATH"] = backends_on_pythonpath(env)
     if deployment:
         env["DITSERVE_DEPLOYMENT"] = str(Path(deployment).resolve())
     return env
+
+
+def backends_on_pythonpath(env: Mapping[str, str]) -> str:
+    """`env`'s PYTHONPATH with backends/ first: a child process finds `ditserve` in a checkout
+    without the editable install (the lent GPU machine)."""
+    return f"{REPO_ROOT / 'backends'}:{env.get('PYTHONPATH', '')}".rstrip(":")
 
 
 def free_ports(n: int) -> list[int]:
