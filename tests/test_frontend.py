@@ -16,6 +16,7 @@ import io
 import json
 import re
 import shutil
+import sys
 import time
 from dataclasses import replace
 
@@ -25,7 +26,7 @@ import pytest
 from PIL import Image
 from tritonclient.utils import InferenceServerException
 
-from conftest import diffusers_image
+from conftest import ROOT, diffusers_image
 from ditserve.client import MEDIA_OUTPUT, DitClient, GenerationRequest
 from ditserve.launcher import free_ports
 from ditserve.media import decode_mp4
@@ -36,6 +37,9 @@ from frontend.media import MediaStore
 from frontend.requests import choose_model
 from frontend.videos import VIDEO_TASKS
 from helpers import assert_cancelled_on_server, assert_matches, scrape, settled_scrape, wait_for_metric
+
+sys.path.insert(0, str(ROOT / "perf"))
+from accel_bench import psnr  # noqa: E402  (the benchmarks' PSNR of uint8 images)
 
 # The SDK warns that OpenAI's own video models are retired; this server is not OpenAI's.
 pytestmark = pytest.mark.filterwarnings("ignore:The Sora API:DeprecationWarning")
@@ -195,11 +199,6 @@ def test_url_responses_download_the_b64_json_png(client, frontend):
     assert done.b64_json == inline.b64_json and done.url != item.url
 
 
-def psnr_db(a: np.ndarray, b: np.ndarray) -> float:
-    mse = np.mean((a.astype(float) - b.astype(float)) ** 2)
-    return float("inf") if mse == 0 else 10 * np.log10(255 ** 2 / mse)
-
-
 def test_jpeg_and_webp_carry_the_image_at_their_quality(client, frontend):
     """`output_format` jpeg / webp (OpenAI's formats besides PNG): the file decodes to the PNG's
     pixels within its format's loss, `output_compression` is its quality (a lower one, a smaller
@@ -214,7 +213,7 @@ def test_jpeg_and_webp_carry_the_image_at_their_quality(client, frontend):
         data, small = (base64.b64decode(r.data[0].b64_json) for r in (best, low))
         decoded = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
         assert Image.open(io.BytesIO(data)).format == fmt.upper() and decoded.shape == exact.shape
-        assert psnr_db(decoded, exact) > 30, f"{fmt} at quality 100: {psnr_db(decoded, exact):.1f} dB"
+        assert psnr(decoded, exact) > 30, f"{fmt} at quality 100: {psnr(decoded, exact):.1f} dB"
         assert len(small) < len(data), f"{fmt}: quality 20 gave {len(small)} bytes, 100 gave {len(data)}"
         [item] = client.images.generate(output_format=fmt, response_format="url", **args).data
         status, headers, _ = call(frontend.url, "GET", item.url.removeprefix(frontend.url))
