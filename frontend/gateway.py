@@ -5,6 +5,12 @@ closing the generator (the HTTP client went away, a job was deleted) cancels the
 call, which Triton turns into `request.is_cancelled()` at dit's next step boundary (the
 stream-cancel path of docs/reliability.md; the server counts it in
 `ditserve_requests_cancelled_total`).
+
+Except in a generation's last steps: there a cancel saves little (two steps and the decode at
+most), and a cancel that
+crosses the final response can segfault Triton 2.51's gRPC front end (docs/reliability.md,
+"Known crash of Triton 2.51 under client cancels"), so such a generation is read to its end in
+the background and its result dropped.
 """
 from __future__ import annotations
 
@@ -37,6 +43,25 @@ class Final:
     image: np.ndarray | None = None   # txt2img: uint8 [H, W, 3]
     mp4: bytes | None = None          # videos: H.264 in MP4
     cache_hits: int = 0               # denoise steps the request's `quality` tier reused
+
+
+# A generation whose client leaves with this many steps or fewer to go is not cancelled.
+NOT_CANCELLED_STEPS_LEFT = 2
+READ_ON_TIMEOUT_S = 300.0   # such a generation is cancelled all the same if it runs this long after
+_READ_ON: set[asyncio.Task] = set()   # readers of streams whose client left (held against GC)
+
+
+async def _read_into(stream, responses: asyncio.Queue) -> None:
+    """Pump one gRPC stream's (result, error) pairs into `responses`: then None at its end, or
+    the exception that ended it. A task of its own, so that cancelling the HTTP request's task
+    does not cancel the gRPC call (grpc.aio cancels a call whose reader is cancelled)."""
+    try:
+        async for item in stream:
+            responses.put_nowait(item)
+    except Exception as exc:  # noqa: BLE001 - handed to generate(), which raises it
+        responses.put_nowait(exc)
+        return
+    responses.put_nowait(None)
 
 
 class TritonGateway:
@@ -92,14 +117,22 @@ class TritonGateway:
             await sent.wait()
 
         stream = self._client.stream_infer(requests())
+        responses: asyncio.Queue = asyncio.Queue()
+        reader = asyncio.get_running_loop().create_task(_read_into(stream, responses))
         finished = False
+        steps_left = None   # unknown until the first progress
         try:
-            async for result, error in stream:
+            while (item := await responses.get()) is not None:
+                if isinstance(item, Exception):
+                    finished = True
+                    raise (_rpc_error(item) if isinstance(item, grpc.aio.AioRpcError) else item) from None
+                result, error = item
                 if error is not None:
                     finished = True
                     raise from_server_message(error.message())
                 if result.get_output(media) is None:
                     done, total = (int(v) for v in result.as_numpy("progress"))
+                    steps_left = total - done
                     yield Progress(done, total)
                     continue
                 finished = True
@@ -109,13 +142,17 @@ class TritonGateway:
                     else Final(seed, mp4=bytes(value.reshape(-1)[0]), cache_hits=hits)
                 return
             raise APIError(502, f"{task}_stream ended without a result", type="server_error")
-        except grpc.aio.AioRpcError as exc:
-            finished = True
-            raise _rpc_error(exc) from None
         finally:
             sent.set()
             if not finished:   # closed early: the client left or the job was deleted
-                stream.cancel()
+                if steps_left is not None and steps_left <= NOT_CANCELLED_STEPS_LEFT:
+                    _READ_ON.add(reader)   # read to its end, the result dropped
+                    reader.add_done_callback(_READ_ON.discard)
+                    deadline = asyncio.get_running_loop().call_later(READ_ON_TIMEOUT_S, stream.cancel)
+                    reader.add_done_callback(lambda _: deadline.cancel())
+                else:
+                    stream.cancel()
+                    reader.cancel()
 
 
 def _rpc_error(exc: grpc.aio.AioRpcError) -> APIError:

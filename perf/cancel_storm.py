@@ -13,6 +13,11 @@ it (`stop_stream(cancel_requests=True)`) after `cancel_at` progress responses pl
 
     .venv/bin/python perf/cancel_storm.py --cancel-at early --seconds 15
     .venv/bin/python perf/cancel_storm.py --cancel-at final --seconds 15 --log /tmp/storm.log --log-verbose 1
+    .venv/bin/python perf/cancel_storm.py --cancel-at final --seconds 400 --survival
+
+`--survival` skips the unload and asks only whether tritonserver itself lives through the storm:
+Triton 2.51's gRPC front end segfaults now and then when a cancel crosses the final response
+(docs/reliability.md, "Known crash of Triton 2.51 under client cancels").
 
 The server runs with `--model-control-mode=explicit` (the repository API needs it). Prints the
 requests cancelled, the server's outcome counters and the unload time (or that it had not
@@ -27,8 +32,10 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "backends"))
@@ -57,10 +64,11 @@ def _cancel_one(url: str, request: GenerationRequest, after: int, jitter_s: floa
 
 
 def storm(url: str, seconds: float, clients: int = 4, steps: int = 20, cancel_at: str = "early",
-          seed: int = 0) -> int:
-    """Cancel streamed 64x64 generations of `steps` steps from `clients` threads for `seconds`;
-    returns how many were cancelled. `cancel_at`: "early" (0 to steps/2 progress responses)
-    or "final" (steps-1: the cancel crosses the final response)."""
+          seed: int = 0, alive: Callable[[], bool] = lambda: True, report_every: int = 0) -> int:
+    """Cancel streamed 64x64 generations of `steps` steps from `clients` threads for `seconds`
+    (or until `alive()` says the server is gone); returns how many were cancelled. `cancel_at`:
+    "early" (0 to steps/2 progress responses) or "final" (steps-1: the cancel crosses the final
+    response). `report_every` > 0 prints a progress line every that many cancels."""
     if cancel_at not in ("early", "final"):
         raise ValueError(f"cancel_at={cancel_at!r}; allowed: 'early', 'final'")
     counts = [0] * clients
@@ -68,11 +76,18 @@ def storm(url: str, seconds: float, clients: int = 4, steps: int = 20, cancel_at
     def client_loop(k: int) -> None:
         rng = random.Random(seed * 1000 + k)
         end = time.monotonic() + seconds
-        while time.monotonic() < end:
+        while time.monotonic() < end and alive():
             after = rng.randint(0, steps // 2) if cancel_at == "early" else steps - 1
             request = GenerationRequest(f"storm {k}-{counts[k]}", seed=counts[k], num_inference_steps=steps)
-            _cancel_one(url, request, after, rng.uniform(0.0, 0.003))
+            try:
+                _cancel_one(url, request, after, rng.uniform(0.0, 0.003))
+            except (queue.Empty, InferenceServerException):
+                if alive():
+                    raise
+                return   # the server died under the storm: main() reports it
             counts[k] += 1
+            if report_every and sum(counts) % report_every == 0:
+                print(f"  {sum(counts)} cancels, {seconds - (end - time.monotonic()):.0f} s", flush=True)
 
     threads = [threading.Thread(target=client_loop, args=(k,), name=f"storm-{k}") for k in range(clients)]
     for thread in threads:
@@ -103,6 +118,11 @@ def explicit_server_options(**options) -> ServerOptions:
                          extra_args=["--model-control-mode=explicit", "--load-model=*"], **options)
 
 
+def crash_lines(log: Path) -> list[str]:
+    """The server log's `Signal (N) received.` lines (tritonserver's crash handler prints them)."""
+    return [line for line in log.read_text(errors="replace").splitlines() if line.startswith("Signal (")]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cancel-at", choices=("early", "final"), default="early")
@@ -110,6 +130,8 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=6, help="client threads (default 6)")
     ap.add_argument("--steps", type=int, default=20, help="denoise steps per request (default 20)")
     ap.add_argument("--unload-wait", type=float, default=60.0, help="give up on the unload after this, s (default 60)")
+    ap.add_argument("--survival", action="store_true",
+                    help="no unload: report whether tritonserver itself survived the storm (exit 1 if not)")
     ap.add_argument("--log", type=Path, default=Path("/tmp/cancel_storm.log"), help="server log")
     ap.add_argument("--log-verbose", type=int, default=0, help="tritonserver --log-verbose (1 logs the gRPC states)")
     args = ap.parse_args()
@@ -118,23 +140,39 @@ def main() -> int:
 
     server = TritonServer(explicit_server_options(log_verbose=args.log_verbose), log_path=args.log)
     server.start()
-    seconds = None
+    ok = False
     try:
         server.wait_ready(300, progress=True)
         print(f"\nstorm: {args.clients} clients, {args.seconds:g} s, cancel {args.cancel_at}", flush=True)
-        cancelled = storm(server.grpc_url, args.seconds, args.clients, args.steps, args.cancel_at)
+        start = time.monotonic()
+        # After a crash Triton's signal handler can hang (a `double free` abort did): dead all the same.
+        alive = lambda: server.process.poll() is None and not crash_lines(args.log)   # noqa: E731
+        cancelled = storm(server.grpc_url, args.seconds, args.clients, args.steps, args.cancel_at, alive=alive,
+                          report_every=1000 if args.survival else 0)
+        if not alive():
+            print(f"tritonserver crashed (exit code {server.process.poll()}) after {cancelled} cancels in "
+                  f"{time.monotonic() - start:.0f} s: {crash_lines(args.log) or 'no Signal line in its log'}",
+                  flush=True)
+            server.process.kill()
+            return 1
         time.sleep(2)
         counts = {name: int(value) for (name, model), value in scrape(server.metrics_url).items()
                   if model == MODEL and name.startswith("ditserve_requests_")}
-        print(f"cancelled by the clients: {cancelled}; server counters of {MODEL}: {counts}", flush=True)
-        seconds = unload_seconds(server.grpc_url, MODEL, args.unload_wait)
-        print(f"unload of {MODEL}: " + (f"{seconds:.1f} s" if seconds is not None
-                                         else f"still UNLOADING after {args.unload_wait:g} s"), flush=True)
+        print(f"cancelled by the clients: {cancelled} in {time.monotonic() - start:.0f} s; server counters of "
+              f"{MODEL}: {counts}", flush=True)
+        if args.survival:
+            print("tritonserver survived the storm", flush=True)
+            ok = True
+        else:
+            seconds = unload_seconds(server.grpc_url, MODEL, args.unload_wait)
+            print(f"unload of {MODEL}: " + (f"{seconds:.1f} s" if seconds is not None
+                                             else f"still UNLOADING after {args.unload_wait:g} s"), flush=True)
+            ok = seconds is not None
     finally:
         start = time.monotonic()
         server.stop()
         print(f"server stopped in {time.monotonic() - start:.1f} s (log {args.log})")
-    return 0 if seconds is not None else 1
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

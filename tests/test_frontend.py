@@ -343,6 +343,24 @@ def test_a_client_disconnect_cancels_the_generation_on_the_server(client, server
     assert_cancelled_on_server(server, before, "txt2img")
 
 
+def test_a_client_that_leaves_in_the_last_steps_lets_the_generation_finish(client, server, frontend):
+    """No cancel with <= 2 steps to go (gateway.NOT_CANCELLED_STEPS_LEFT): it would save little,
+    and a cancel crossing the final response can crash Triton 2.51 (docs/reliability.md)."""
+    before = settled_scrape(server.metrics_url)
+    stream = client.images.generate(prompt="an almost finished cat", size="64x64", stream=True,
+                                    extra_body={"num_inference_steps": 6})
+    for event in stream:
+        if event.step == 4:
+            stream.close()   # 2 steps to go
+            break
+    name, model = "ditserve_requests_completed_total", "txt2img_stream"
+    expected = before.get((name, model), 0) + 1
+    assert wait_for_metric(server.metrics_url, name, model, expected) == expected
+    assert wait_for_metric(server.metrics_url, "ditserve_state_table_size", "dit", 0.0) == 0.0
+    cancelled = ("ditserve_requests_cancelled_total", model)
+    assert settled_scrape(server.metrics_url).get(cancelled, 0) == before.get(cancelled, 0)
+
+
 def test_the_page_is_served_and_its_endpoints_exist(frontend):
     status, headers, body = call(frontend.url, "GET", "/", key=None)
     page = body.decode()

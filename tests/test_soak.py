@@ -154,8 +154,12 @@ def _worker(url: str, seed: int, deadline: float, ledger: Ledger) -> None:
                                         num_inference_steps=rng.randint(2, 12), height=rng.choice([32, 64, 96]),
                                         width=rng.choice([32, 64]), guidance_scale=rng.choice([1.0, 4.5]))
             if roll < BAD_P + CANCEL_P:
+                # Cancelled with at least half of its steps to go: a cancel that crosses the final
+                # response can segfault Triton 2.51's gRPC front end (docs/reliability.md, "Known crash
+                # of Triton 2.51 under client cancels"); ours must hold for any cancel the server sees.
+                request.num_inference_steps = rng.randint(8, 16)
                 ledger.start(rid, "cancel")
-                _stream_request(url, request, rid, ledger, rng.randint(1, request.num_inference_steps - 1), None)
+                _stream_request(url, request, rid, ledger, rng.randint(1, request.num_inference_steps // 2), None)
             elif roll < BAD_P + CANCEL_P + UNARY_P:
                 ledger.start(rid, "ok")
                 _unary_request(url, request, rid, ledger, None)
@@ -179,8 +183,13 @@ def test_soak_every_request_ends_once_and_nothing_leaks(soak_server):
     with grpcclient.InferenceServerClient(soak_server.grpc_url) as health:
         while any(t.is_alive() for t in threads):
             time.sleep(2)
-            samples.append(sample(soak_server))
-            not_ready += not health.is_server_ready()
+            try:
+                samples.append(sample(soak_server))
+                not_ready += not health.is_server_ready(client_timeout=10)
+            except Exception as exc:  # noqa: BLE001 - the server died or hangs: show why
+                pytest.fail(f"the server stopped answering during the soak ({exc}; exit code "
+                            f"{soak_server.process.poll()}; kinds so far {dict(Counter(ledger.kinds.values()))}):\n"
+                            f"{soak_server.log_tail(60)}")
     for thread in threads:
         thread.join(150)
     assert wait_for_metric(soak_server.metrics_url, "ditserve_state_table_size", "dit", 0.0) == 0.0, "state leaked"
