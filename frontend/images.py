@@ -50,15 +50,15 @@ class ImageGenerationBody(BaseModel):
         return GenerationRequest(self.prompt, self.negative_prompt, height, width, self.num_inference_steps,
                                  self.guidance_scale, self.seed, quality=cache_tier(self.quality))
 
-
     def encoding(self) -> "Encoding":
         """How each image is written; `output_compression` is the quality of the lossy formats only."""
         output_format = self.output_format or "png"
         if output_format == "png" and self.output_compression is not None:
             raise invalid("output_compression", "output_compression applies to output_format 'jpeg' and 'webp' "
                           "only; PNG is lossless")
-        quality = 100 if self.output_compression is None else self.output_compression
-        return Encoding(output_format, quality)
+        if self.output_compression is None:
+            return Encoding(output_format)
+        return Encoding(output_format, self.output_compression)
 
 
 @dataclass(frozen=True)
@@ -66,14 +66,17 @@ class Encoding:
     """An image file format and, for the lossy ones, its quality (0-100). The encoder's speed is the
     front end's own latency: at 1024x1024, Pillow's PNG takes 30-140 ms (zlib level 1, below: 2.4x
     faster than its default level 6, files ~1.4x larger), JPEG 3-9 ms, WebP at its fastest
-    method 17-80 ms (perf/results/2026-12-05-h100-frontend-s42.md)."""
+    method 17-80 ms (perf/results/2026-12-05-h100-frontend-s42.md). JPEG at quality 90 or more keeps
+    full-resolution colour (4:4:4, as ImageMagick does): Pillow's default 4:2:0 caps a detailed
+    picture's PSNR whatever the quality (perf/results/2026-12-05-cpu-frontend-encode.md)."""
 
     format: str = "png"
     quality: int = 100
 
     def encode(self, image: np.ndarray) -> bytes:
         buffer = io.BytesIO()
-        options = {"png": {"compress_level": 1}, "jpeg": {"quality": self.quality},
+        options = {"png": {"compress_level": 1},
+                   "jpeg": {"quality": self.quality, "subsampling": 0 if self.quality >= 90 else 2},
                    "webp": {"quality": self.quality, "method": 0}}[self.format]
         Image.fromarray(image).save(buffer, format=self.format.upper(), **options)
         return buffer.getvalue()

@@ -32,6 +32,7 @@ from ditserve.launcher import free_ports
 from ditserve.media import decode_mp4
 from frontend.__main__ import parser
 from frontend.errors import APIError
+from frontend.images import Encoding
 from frontend.launcher import FrontendProcess
 from frontend.media import MediaStore
 from frontend.requests import choose_model
@@ -220,6 +221,18 @@ def test_jpeg_and_webp_carry_the_image_at_their_quality(client, frontend):
         assert status == 200 and headers["content-type"] == media_type
     *_, done = client.images.generate(stream=True, output_format="jpeg", **args)
     assert done.output_format == "jpeg" and Image.open(io.BytesIO(base64.b64decode(done.b64_json))).format == "JPEG"
+
+
+def test_jpeg_keeps_full_colour_from_quality_90():
+    """4:2:0 chroma caps a detailed picture near 13 dB at any quality, so quality >= 90 writes 4:4:4
+    (perf/results/2026-12-05-cpu-frontend-encode.md); below 90 the smaller 4:2:0 file."""
+    picture = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+
+    def decoded(quality: int) -> np.ndarray:
+        return np.asarray(Image.open(io.BytesIO(Encoding("jpeg", quality).encode(picture))).convert("RGB"))
+
+    assert psnr(decoded(100), picture) > 45 and psnr(decoded(90), picture) > 28
+    assert psnr(decoded(89), picture) < 15
 
 
 def test_the_media_store_keeps_the_newest_files_within_its_bounds(tmp_path):
