@@ -48,7 +48,7 @@ class Final:
 # A generation whose client leaves with this many steps or fewer to go is not cancelled.
 NOT_CANCELLED_STEPS_LEFT = 2
 READ_ON_TIMEOUT_S = 300.0   # such a generation is cancelled all the same if it runs this long after
-_READ_ON: set[asyncio.Task] = set()   # readers of streams whose client left (held against GC)
+_READERS: set[asyncio.Task] = set()   # each stream's reader until its stream ends (held against GC)
 
 
 async def _read_into(stream, responses: asyncio.Queue) -> None:
@@ -119,6 +119,8 @@ class TritonGateway:
         stream = self._client.stream_infer(requests())
         responses: asyncio.Queue = asyncio.Queue()
         reader = asyncio.get_running_loop().create_task(_read_into(stream, responses))
+        _READERS.add(reader)
+        reader.add_done_callback(_READERS.discard)
         finished = False
         steps_left = None   # unknown until the first progress
         try:
@@ -146,8 +148,7 @@ class TritonGateway:
             sent.set()
             if not finished:   # closed early: the client left or the job was deleted
                 if steps_left is not None and steps_left <= NOT_CANCELLED_STEPS_LEFT:
-                    _READ_ON.add(reader)   # read to its end, the result dropped
-                    reader.add_done_callback(_READ_ON.discard)
+                    # the reader reads it to its end and the result is dropped
                     deadline = asyncio.get_running_loop().call_later(READ_ON_TIMEOUT_S, stream.cancel)
                     reader.add_done_callback(lambda _: deadline.cancel())
                 else:

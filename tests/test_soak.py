@@ -16,6 +16,7 @@ import random
 import sys
 import threading
 import time
+import traceback
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -32,12 +33,20 @@ import resources  # noqa: E402  (perf/resources.py: the sampler perf/soak.py use
 DURATION_S = float(os.environ.get("DITSERVE_SOAK_SECONDS", 40))   # longer runs by hand: =600
 WORKERS = 6
 CANCEL_P, BAD_P, UNARY_P = 0.05, 0.02, 0.3
+LAST_REQUEST_S = 180   # a request started before the end gets its outcome within this (clients wait 120 s)
 BAD_REQUESTS = [   # (request, words of the error)
     (GenerationRequest("bad size", height=72, num_inference_steps=2), "height"),
     (GenerationRequest("   ", num_inference_steps=2), "prompt"),
     (GenerationRequest("bad guidance", guidance_scale=float("nan"), num_inference_steps=2), "guidance_scale"),
     (GenerationRequest("bad steps", num_inference_steps=0), "num_inference_steps"),
 ]
+
+
+def _stacks(threads: list[threading.Thread]) -> str:
+    """Where each of `threads` is now (a hung client is a finding: show it)."""
+    frames = sys._current_frames()
+    return "\n".join(f"{t.name}:\n{''.join(traceback.format_stack(frames[t.ident]))}"
+                     for t in threads if t.ident in frames)
 
 
 def sample(server) -> dict:
@@ -183,6 +192,9 @@ def test_soak_every_request_ends_once_and_nothing_leaks(soak_server):
     with grpcclient.InferenceServerClient(soak_server.grpc_url) as health:
         while any(t.is_alive() for t in threads):
             time.sleep(2)
+            if time.monotonic() > deadline + LAST_REQUEST_S:
+                pytest.fail(f"client workers still running {LAST_REQUEST_S} s after the soak's end (no request "
+                            f"takes that long):\n{_stacks([t for t in threads if t.is_alive()])}")
             try:
                 samples.append(sample(soak_server))
                 not_ready += not health.is_server_ready(client_timeout=10)
@@ -190,8 +202,6 @@ def test_soak_every_request_ends_once_and_nothing_leaks(soak_server):
                 pytest.fail(f"the server stopped answering during the soak ({exc}; exit code "
                             f"{soak_server.process.poll()}; kinds so far {dict(Counter(ledger.kinds.values()))}):\n"
                             f"{soak_server.log_tail(60)}")
-    for thread in threads:
-        thread.join(150)
     assert wait_for_metric(soak_server.metrics_url, "ditserve_state_table_size", "dit", 0.0) == 0.0, "state leaked"
     time.sleep(1)
     samples.append(sample(soak_server))
