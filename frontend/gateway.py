@@ -7,10 +7,9 @@ stream-cancel path of docs/reliability.md; the server counts it in
 `ditserve_requests_cancelled_total`).
 
 Except in a generation's last steps: there a cancel saves little (two steps and the decode at
-most), and a cancel that
-crosses the final response can segfault Triton 2.51's gRPC front end (docs/reliability.md,
-"Known crash of Triton 2.51 under client cancels"), so such a generation is read to its end in
-the background and its result dropped.
+most), and a cancel that crosses the final response can segfault Triton 2.51's gRPC front end
+(docs/reliability.md, "Known crash of Triton 2.51 under client cancels"), so such a generation
+is read to its end in the background and its result dropped.
 """
 from __future__ import annotations
 
