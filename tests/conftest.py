@@ -134,6 +134,17 @@ def pytest_collection_finish(session) -> None:
             _LAST_USER[name] = item.nodeid
 
 
+def pytest_runtest_setup(item) -> None:
+    """A test whose shared server has died (tritonserver itself can crash: docs/reliability.md,
+    "Known crash of Triton 2.51 under client cancels") errors at once with that server's log tail,
+    instead of failing later on a refused connection."""
+    for name in getattr(item, "fixturenames", ()):
+        srv = _SHARED.get(name)
+        if srv is not None and srv.process.poll() is not None:
+            pytest.fail(f"the session server `{name}` exited with code {srv.process.returncode} during an earlier "
+                        f"test; its log ends:\n{srv.log_tail(40)}", pytrace=False)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item, nextitem):
     result = yield
