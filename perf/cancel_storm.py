@@ -66,17 +66,19 @@ def _cancel_one(url: str, request: GenerationRequest, after: int, jitter_s: floa
 def storm(url: str, seconds: float, clients: int = 4, steps: int = 20, cancel_at: str = "early",
           seed: int = 0, alive: Callable[[], bool] = lambda: True, report_every: int = 0) -> int:
     """Cancel streamed 64x64 generations of `steps` steps from `clients` threads for `seconds`
-    (or until `alive()` says the server is gone); returns how many were cancelled. `cancel_at`:
+    (or until a request fails and `alive()` says the server is gone: asked only then, as it may
+    read the server log); returns how many were cancelled. `cancel_at`:
     "early" (0 to steps/2 progress responses) or "final" (steps-1: the cancel crosses the final
     response). `report_every` > 0 prints a progress line every that many cancels."""
     if cancel_at not in ("early", "final"):
         raise ValueError(f"cancel_at={cancel_at!r}; allowed: 'early', 'final'")
     counts = [0] * clients
+    gone = threading.Event()
 
     def client_loop(k: int) -> None:
         rng = random.Random(seed * 1000 + k)
         end = time.monotonic() + seconds
-        while time.monotonic() < end and alive():
+        while time.monotonic() < end and not gone.is_set():
             after = rng.randint(0, steps // 2) if cancel_at == "early" else steps - 1
             request = GenerationRequest(f"storm {k}-{counts[k]}", seed=counts[k], num_inference_steps=steps)
             try:
@@ -84,7 +86,8 @@ def storm(url: str, seconds: float, clients: int = 4, steps: int = 20, cancel_at
             except (queue.Empty, InferenceServerException):
                 if alive():
                     raise
-                return   # the server died under the storm: main() reports it
+                gone.set()   # the server died under the storm: main() reports it
+                return
             counts[k] += 1
             if report_every and sum(counts) % report_every == 0:
                 print(f"  {sum(counts)} cancels, {seconds - (end - time.monotonic()):.0f} s", flush=True)
