@@ -1,15 +1,13 @@
 """The front end's only way to tritonserver: gRPC streaming to the `<task>_stream` models.
 
-Each generation is one request on its own gRPC stream, so it can be cancelled alone:
-closing the generator (the HTTP client went away, a job was deleted) cancels the gRPC
-call, which Triton turns into `request.is_cancelled()` at dit's next step boundary (the
-stream-cancel path of docs/reliability.md; the server counts it in
-`ditserve_requests_cancelled_total`).
-
-Except in a generation's last steps: there a cancel saves little (two steps and the decode at
-most), and a cancel that crosses the final response can segfault Triton 2.51's gRPC front end
-(docs/reliability.md, "Known crash of Triton 2.51 under client cancels"), so such a generation
-is read to its end in the background and its result dropped.
+Each generation is one request on its own gRPC stream, with a request id of its own. When the
+generator is closed early (the HTTP client went away, a job was deleted) the generation is
+cancelled by that id through the pipeline's `cancel` model (stages/cancel.py): dit ends it at
+its next step boundary and the stream ends with a CANCELLED error, read in the background and
+dropped (the server counts it in `ditserve_requests_cancelled_total`). The gRPC call itself is
+not cancelled: a cancel that crosses the final response can segfault Triton 2.51's gRPC front
+end (docs/reliability.md, "Known crash of Triton 2.51 under client cancels"). Only when the
+cancel model cannot be reached, or the stream runs on for READ_ON_TIMEOUT_S, is the call cancelled.
 """
 from __future__ import annotations
 
@@ -24,7 +22,7 @@ import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
 from ditserve.client import MEDIA_OUTPUT, GenerationRequest
-from ditserve.pipelines import split_model_name
+from ditserve.pipelines import PipelineNames, split_model_name
 
 from .errors import APIError, from_server_message, unavailable
 from .requests import task_of
@@ -44,10 +42,14 @@ class Final:
     cache_hits: int = 0               # denoise steps the request's `quality` tier reused
 
 
-# A generation whose client leaves with this many steps or fewer to go is not cancelled.
-NOT_CANCELLED_STEPS_LEFT = 2
-READ_ON_TIMEOUT_S = 300.0   # such a generation is cancelled all the same if it runs this long after
-_READERS: set[asyncio.Task] = set()   # each stream's reader until its stream ends (held against GC)
+READ_ON_TIMEOUT_S = 300.0   # a cancelled generation's gRPC call is cancelled if it runs this long after
+_TASKS: set[asyncio.Task] = set()   # each stream's reader until its stream ends, each cancel (held against GC)
+
+
+def _hold(task: asyncio.Task) -> asyncio.Task:
+    _TASKS.add(task)
+    task.add_done_callback(_TASKS.discard)
+    return task
 
 
 async def _read_into(stream, responses: asyncio.Queue) -> None:
@@ -109,19 +111,18 @@ class TritonGateway:
         media = MEDIA_OUTPUT["txt2img"] if image else "video_mp4"
         outputs = [grpcaio.InferRequestedOutput(name) for name in (media, "seed", "progress", "cache_hits")]
         sent = asyncio.Event()   # keeps the request side of the stream open until the result came
+        request_id = uuid.uuid4().hex
 
         async def requests():
             yield {"model_name": f"{task}_stream", "inputs": request.infer_inputs(grpcaio), "outputs": outputs,
-                   "request_id": uuid.uuid4().hex}
+                   "request_id": request_id}
             await sent.wait()
 
         stream = self._client.stream_infer(requests())
         responses: asyncio.Queue = asyncio.Queue()
-        reader = asyncio.get_running_loop().create_task(_read_into(stream, responses))
-        _READERS.add(reader)
-        reader.add_done_callback(_READERS.discard)
+        loop = asyncio.get_running_loop()
+        reader = _hold(loop.create_task(_read_into(stream, responses)))
         finished = False
-        steps_left = None   # unknown until the first progress
         try:
             while (item := await responses.get()) is not None:
                 if isinstance(item, Exception):
@@ -132,9 +133,7 @@ class TritonGateway:
                     finished = True
                     raise from_server_message(error.message())
                 if result.get_output(media) is None:
-                    done, total = (int(v) for v in result.as_numpy("progress"))
-                    steps_left = total - done
-                    yield Progress(done, total)
+                    yield Progress(*(int(v) for v in result.as_numpy("progress")))
                     continue
                 finished = True
                 value = result.as_numpy(media)
@@ -146,13 +145,20 @@ class TritonGateway:
         finally:
             sent.set()
             if not finished:   # closed early: the client left or the job was deleted
-                if steps_left is not None and steps_left <= NOT_CANCELLED_STEPS_LEFT:
-                    # the reader reads it to its end and the result is dropped
-                    deadline = asyncio.get_running_loop().call_later(READ_ON_TIMEOUT_S, stream.cancel)
-                    reader.add_done_callback(lambda _: deadline.cancel())
-                else:
-                    stream.cancel()
-                    reader.cancel()
+                deadline = loop.call_later(READ_ON_TIMEOUT_S, stream.cancel)
+                reader.add_done_callback(lambda _: deadline.cancel())
+                _hold(loop.create_task(self._cancel(task, request_id, stream)))
+
+    async def _cancel(self, task: str, request_id: str, stream) -> None:
+        """Cancel generation `request_id` of `task`'s pipeline through its `cancel` model; the
+        gRPC call itself only where that model cannot take it (a repository rendered without it)."""
+        name = PipelineNames(split_model_name(task)[0]).model("cancel")
+        request_input = grpcaio.InferInput("request_id", [1], "BYTES")
+        request_input.set_data_from_numpy(np.array([request_id.encode()], dtype=np.object_))
+        try:
+            await self._client.infer(name, [request_input])
+        except InferenceServerException:
+            stream.cancel()
 
 
 def _rpc_error(exc: grpc.aio.AioRpcError) -> APIError:

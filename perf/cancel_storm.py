@@ -17,7 +17,11 @@ it (`stop_stream(cancel_requests=True)`) after `cancel_at` progress responses pl
 
 `--survival` skips the unload and asks only whether tritonserver itself lives through the storm:
 Triton 2.51's gRPC front end segfaults now and then when a cancel crosses the final response
-(docs/reliability.md, "Known crash of Triton 2.51 under client cancels").
+(docs/reliability.md, "Known crash of Triton 2.51 under client cancels"). `--cancel-by id`
+cancels through the `cancel` model by request id instead of cancelling the gRPC call (the
+stream is then read to its end: a CANCELLED error, or the image when the cancel came too late):
+
+    .venv/bin/python perf/cancel_storm.py --cancel-at final --cancel-by id --seconds 400 --survival
 
 The server runs with `--model-control-mode=explicit` (the repository API needs it). Prints the
 requests cancelled, the server's outcome counters and the unload time (or that it had not
@@ -31,9 +35,11 @@ import random
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
@@ -46,30 +52,44 @@ from ditserve.launcher import ServerOptions, TritonServer, free_ports  # noqa: E
 MODEL = "txt2img_stream"
 
 
-def _cancel_one(url: str, request: GenerationRequest, after: int, jitter_s: float) -> None:
-    """Stream `request`, read `after` progress responses (fewer if it ends first), wait `jitter_s`, cancel."""
+def _cancel_one(url: str, request: GenerationRequest, after: int, jitter_s: float, by_id: bool = False) -> None:
+    """Stream `request`, read `after` progress responses (fewer if it ends first), wait `jitter_s`,
+    cancel: the gRPC call, or `by_id` through the `cancel` model and then read the stream to its end."""
     responses: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(url)
     client.start_stream(callback=lambda result, error: responses.put((result, error)))
-    client.async_stream_infer(MODEL, request.infer_inputs(grpcclient))
-    done = 0
-    while done < after:
-        result, error = responses.get(timeout=60)
-        if error is not None or result.as_numpy("image") is not None:
-            break
-        done = int(result.as_numpy("progress").reshape(-1)[0])
+    request_id = uuid.uuid4().hex
+    client.async_stream_infer(MODEL, request.infer_inputs(grpcclient), request_id=request_id)
+    done, ended = 0, False
+    while done < after and not ended:
+        done, ended = _read(responses, done)
     time.sleep(jitter_s)
-    client.stop_stream(cancel_requests=True)
+    if by_id:
+        tensor = grpcclient.InferInput("request_id", [1], "BYTES")
+        tensor.set_data_from_numpy(np.array([request_id.encode()], dtype=np.object_))
+        client.infer("cancel", [tensor])
+        while not ended:
+            done, ended = _read(responses, done)
+    client.stop_stream(cancel_requests=not by_id)
     client.close()
 
 
+def _read(responses: queue.Queue, done: int) -> tuple[int, bool]:
+    """The next response: (steps done, whether it was the last: an error or the image)."""
+    result, error = responses.get(timeout=60)
+    if error is not None or result.as_numpy("image") is not None:
+        return done, True
+    return int(result.as_numpy("progress").reshape(-1)[0]), False
+
+
 def storm(url: str, seconds: float, clients: int = 4, steps: int = 20, cancel_at: str = "early",
-          seed: int = 0, alive: Callable[[], bool] = lambda: True, report_every: int = 0) -> int:
+          seed: int = 0, alive: Callable[[], bool] = lambda: True, report_every: int = 0, by_id: bool = False) -> int:
     """Cancel streamed 64x64 generations of `steps` steps from `clients` threads for `seconds`
     (or until a request fails and `alive()` says the server is gone: asked only then, as it may
     read the server log); returns how many were cancelled. `cancel_at`:
     "early" (0 to steps/2 progress responses) or "final" (steps-1: the cancel crosses the final
-    response). `report_every` > 0 prints a progress line every that many cancels."""
+    response). `report_every` > 0 prints a progress line every that many cancels. `by_id`:
+    cancel through the `cancel` model instead of the gRPC call."""
     if cancel_at not in ("early", "final"):
         raise ValueError(f"cancel_at={cancel_at!r}; allowed: 'early', 'final'")
     counts = [0] * clients
@@ -82,7 +102,7 @@ def storm(url: str, seconds: float, clients: int = 4, steps: int = 20, cancel_at
             after = rng.randint(0, steps // 2) if cancel_at == "early" else steps - 1
             request = GenerationRequest(f"storm {k}-{counts[k]}", seed=counts[k], num_inference_steps=steps)
             try:
-                _cancel_one(url, request, after, rng.uniform(0.0, 0.003))
+                _cancel_one(url, request, after, rng.uniform(0.0, 0.003), by_id)
             except (queue.Empty, InferenceServerException):
                 if alive():
                     raise
@@ -129,6 +149,8 @@ def crash_lines(log: Path) -> list[str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cancel-at", choices=("early", "final"), default="early")
+    ap.add_argument("--cancel-by", choices=("stream", "id"), default="stream",
+                    help="cancel the gRPC call (stream, default) or the request id through the `cancel` model")
     ap.add_argument("--seconds", type=float, default=15.0, help="length of the storm (default 15)")
     ap.add_argument("--clients", type=int, default=6, help="client threads (default 6)")
     ap.add_argument("--steps", type=int, default=20, help="denoise steps per request (default 20)")
@@ -146,12 +168,13 @@ def main() -> int:
     ok = False
     try:
         server.wait_ready(300, progress=True)
-        print(f"\nstorm: {args.clients} clients, {args.seconds:g} s, cancel {args.cancel_at}", flush=True)
+        print(f"\nstorm: {args.clients} clients, {args.seconds:g} s, cancel {args.cancel_at} by {args.cancel_by}",
+              flush=True)
         start = time.monotonic()
         # After a crash Triton's signal handler can hang (a `double free` abort did): dead all the same.
         alive = lambda: server.process.poll() is None and not crash_lines(args.log)   # noqa: E731
         cancelled = storm(server.grpc_url, args.seconds, args.clients, args.steps, args.cancel_at, alive=alive,
-                          report_every=1000 if args.survival else 0)
+                          report_every=1000 if args.survival else 0, by_id=args.cancel_by == "id")
         if not alive():
             print(f"tritonserver crashed (exit code {server.process.poll()}) after {cancelled} cancels in "
                   f"{time.monotonic() - start:.0f} s: {crash_lines(args.log) or 'no Signal line in its log'}",

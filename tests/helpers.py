@@ -5,12 +5,13 @@ import queue
 import re
 import time
 import urllib.request
+import uuid
 from dataclasses import dataclass, field
 
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from ditserve.client import MEDIA_OUTPUT, GenerationRequest
+from ditserve.client import MEDIA_OUTPUT, DitClient, GenerationRequest
 
 # Served media against plain diffusers (or solo against batched) at the same seed: both run the same
 # kernels, but a batch's row order and padding may move the last float bit before the uint8 cast.
@@ -41,6 +42,7 @@ class StreamCall:
     finished_at: float | None = None                  # when `finish` got the media (monotonic s)
     timeout_us: int | None = None   # Triton's request-level `timeout` parameter
     task: str = "txt2img"
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     @property
     def media(self) -> str:
@@ -49,7 +51,8 @@ class StreamCall:
     def start(self) -> "StreamCall":
         self.client = grpcclient.InferenceServerClient(self.url)
         self.client.start_stream(callback=lambda result, error: self.responses.put((time.monotonic(), result, error)))
-        self.client.async_stream_infer(f"{self.task}_stream", grpc_inputs(self.request), timeout=self.timeout_us)
+        self.client.async_stream_infer(f"{self.task}_stream", grpc_inputs(self.request), timeout=self.timeout_us,
+                                       request_id=self.request_id)
         return self
 
     def next(self, timeout: float = 120):
@@ -97,8 +100,15 @@ class StreamCall:
         return kind, value
 
     def cancel(self) -> None:
+        """Cancel the gRPC call (Triton's cancel)."""
         self.client.stop_stream(cancel_requests=True)
         self.client.close()
+
+    def cancel_by_id(self) -> str:
+        """Cancel the generation by its request id through the `cancel` model; the stream stays
+        open for its CANCELLED error. Returns the model's `state`."""
+        with DitClient(self.url, "grpc", task=self.task) as client:
+            return client.cancel(self.request_id)
 
     def close(self) -> None:
         self.client.stop_stream()
@@ -156,13 +166,20 @@ def wait_for_metric(metrics_url: str, name: str, model: str, expected: float, ti
         time.sleep(0.2)
 
 
-def cancel_mid_denoise(server, request: GenerationRequest, task: str, after_steps: int = 3) -> None:
-    """Stream `request`, cancel it after `after_steps` progress responses, and check the
-    contract: one cancelled count on `<task>_stream`, the state table back to 0, no decode."""
+def cancel_mid_denoise(server, request: GenerationRequest, task: str, after_steps: int = 3,
+                       by_id: bool = False) -> None:
+    """Stream `request`, cancel it after `after_steps` progress responses (its gRPC call, or
+    `by_id` through the `cancel` model, when the stream must end with one CANCELLED error),
+    and check the contract: one cancelled count on `<task>_stream`, the state table back to 0,
+    no decode."""
     before = settled_scrape(server.metrics_url)
     call = StreamCall(server.grpc_url, request, task=task).start()
     call.wait_progress(after_steps)
-    call.cancel()
+    if by_id:
+        assert call.cancel_by_id() == "cancelling"
+        assert call.outcome() == ("error", "request cancelled")
+    else:
+        call.cancel()
     assert_cancelled_on_server(server, before, task)
 
 

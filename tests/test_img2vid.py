@@ -104,7 +104,8 @@ def test_fast_tier_reuses_steps_and_a_lossless_video_beside_it_stays_exact(i2v_s
 
 
 def test_cancel_mid_i2v_frees_state_and_never_decodes(i2v_server):
-    cancel_mid_denoise(i2v_server, request("doomed", num_inference_steps=80), "img2vid")
+    """Cancelled by request id: the img2vid repository has its own `cancel` model too."""
+    cancel_mid_denoise(i2v_server, request("doomed", num_inference_steps=80), "img2vid", by_id=True)
     with DitClient(i2v_server.grpc_url, "grpc", task="img2vid") as client:
         assert client.generate(request("next", num_inference_steps=2)).media.shape == (9, 64, 64, 3)
 

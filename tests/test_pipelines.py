@@ -38,7 +38,7 @@ from test_loadgen import loadgen
 from wan_helpers import oracle
 
 RENDER = [sys.executable, str(ROOT / "scripts" / "render_repository.py")]
-STAGES = ("text_encoder", "dit", "vae_decode")
+STAGES = ("text_encoder", "dit", "vae_decode", "cancel")   # cancel: the pipeline's own (stages/cancel.py)
 PUBLIC = ("txt2img", "txt2img_stream")
 VIDEO = ("txt2vid", "txt2vid_stream")
 TI2V = ROOT / "configs" / "tiny-wan22-ti2v.toml"
@@ -56,7 +56,7 @@ def render(out, *deployments: str, check: bool = True) -> subprocess.CompletedPr
 
 def test_pipeline_names_prefix_every_model_and_split_back():
     flux, plain = PipelineNames("flux"), PipelineNames()
-    assert [flux.model(m) for m in STAGES] == ["flux_text_encoder", "flux_dit", "flux_vae_decode"]
+    assert [flux.model(m) for m in STAGES] == ["flux_text_encoder", "flux_dit", "flux_vae_decode", "flux_cancel"]
     assert (flux.public("txt2vid"), flux.public("txt2vid", streaming=True)) == ("flux_txt2vid", "flux_txt2vid_stream")
     assert (plain.public("txt2img"), plain.model("dit")) == ("txt2img", "dit")   # single-deployment names
     assert split_model_name("flux_txt2img_stream") == ("flux", "txt2img_stream")

@@ -14,7 +14,7 @@ def test_committed_repository_matches_the_default_deployment(tmp_path):
     out = tmp_path / "repo"
     subprocess.run([sys.executable, str(ROOT / "scripts" / "render_repository.py"), "--deployment",
                     "configs/tiny-pixart-sigma.toml", "--out", str(out)], check=True)
-    for model in ("dit", "txt2img", "txt2img_stream", "text_encoder", "vae_decode"):
+    for model in ("dit", "txt2img", "txt2img_stream", "text_encoder", "vae_decode", "cancel"):
         assert filecmp.cmp(out / model / "config.pbtxt", ROOT / "model_repository" / model / "config.pbtxt",
                            shallow=False), model
 
@@ -58,7 +58,8 @@ def test_render_names_public_models_for_the_task_and_adds_vae_encode_for_img2vid
         subprocess.run([sys.executable, str(ROOT / "scripts" / "render_repository.py"), "--deployment", deployment,
                         "--gpus", "2", "--out", str(out)], check=True)
         assert sorted(p.name for p in out.iterdir()) == sorted(
-            ["dit", "text_encoder", "vae_decode", task, f"{task}_stream"] + (["vae_encode"] if vae_encode else []))
+            ["dit", "text_encoder", "vae_decode", "cancel", task, f"{task}_stream"]
+            + (["vae_encode"] if vae_encode else []))
         for config in out.glob("*/config.pbtxt"):
             assert f'string_value: "{deployment}"' in config.read_text(), config   # serves its deployment
         if vae_encode:

@@ -21,6 +21,7 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
@@ -78,7 +79,12 @@ class Ledger:
 
 
 def _stream_request(url: str, request: GenerationRequest, rid: str, ledger: Ledger, cancel_after: int | None,
-                    bad_words: str | None) -> None:
+                    bad_words: str | None, by_id: bool = False) -> None:
+    """One stream, cancelled after `cancel_after` progress responses if set: its gRPC call, or
+    `by_id` through the `cancel` model, when the stream is read on to its one terminal response."""
+    if by_id:
+        _stream_cancelled_by_id(url, request, rid, ledger, cancel_after)
+        return
     client = grpcclient.InferenceServerClient(url)
     responses: queue.Queue = queue.Queue()
 
@@ -124,6 +130,38 @@ def _stream_request(url: str, request: GenerationRequest, rid: str, ledger: Ledg
     client.close()
 
 
+def _stream_cancelled_by_id(url: str, request: GenerationRequest, rid: str, ledger: Ledger, cancel_after: int) -> None:
+    """Cancelled by id after `cancel_after` progress responses: its one terminal response is the
+    CANCELLED error, or the image when the cancel came after the last step; nothing after it."""
+    client = grpcclient.InferenceServerClient(url)
+    responses: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    client.async_stream_infer("txt2img_stream", grpc_inputs(request), request_id=rid)
+    progress, outcomes = 0, []
+    while not outcomes:
+        result, error = responses.get(timeout=120)
+        if error is not None:
+            outcomes.append("cancelled" if error.message() == "request cancelled" else f"error: {error.message()}")
+        elif result.as_numpy("image") is not None:
+            outcomes.append("image")
+        else:
+            progress += 1
+            if progress == cancel_after:
+                tensor = grpcclient.InferInput("request_id", [1], "BYTES")
+                tensor.set_data_from_numpy(np.array([rid.encode()], dtype=np.object_))
+                client.infer("cancel", [tensor])
+    client.stop_stream()   # returns once the server closed the stream: a 2nd terminal would be in by now
+    while not responses.empty():
+        result, error = responses.get()
+        if error is not None or result.as_numpy("image") is not None:
+            outcomes.append("late " + ("error" if error is not None else "image"))
+    for outcome in outcomes:
+        ledger.terminal(rid, outcome)
+        if outcome not in ("cancelled", "image"):
+            ledger.problem(f"{rid}: cancelled by id, got {outcome}")
+    client.close()
+
+
 def _unary_request(url: str, request: GenerationRequest, rid: str, ledger: Ledger, bad_words: str | None) -> None:
     with grpcclient.InferenceServerClient(url) as client:
         try:
@@ -163,12 +201,17 @@ def _worker(url: str, seed: int, deadline: float, ledger: Ledger) -> None:
                                         num_inference_steps=rng.randint(2, 12), height=rng.choice([32, 64, 96]),
                                         width=rng.choice([32, 64]), guidance_scale=rng.choice([1.0, 4.5]))
             if roll < BAD_P + CANCEL_P:
-                # Cancelled with at least half of its steps to go: a cancel that crosses the final
-                # response can segfault Triton 2.51's gRPC front end (docs/reliability.md, "Known crash
-                # of Triton 2.51 under client cancels"); ours must hold for any cancel the server sees.
+                # Half by request id, at any step (the last included); half by cancelling the gRPC call
+                # with at least half of the steps to go: a call cancel that crosses the final response
+                # can segfault Triton 2.51's gRPC front end (docs/reliability.md, "Known crash of
+                # Triton 2.51 under client cancels"); ours must hold for any cancel the server sees.
                 request.num_inference_steps = rng.randint(8, 16)
                 ledger.start(rid, "cancel")
-                _stream_request(url, request, rid, ledger, rng.randint(1, request.num_inference_steps // 2), None)
+                if rng.random() < 0.5:
+                    _stream_request(url, request, rid, ledger, rng.randint(1, request.num_inference_steps), None,
+                                    by_id=True)
+                else:
+                    _stream_request(url, request, rid, ledger, rng.randint(1, request.num_inference_steps // 2), None)
             elif roll < BAD_P + CANCEL_P + UNARY_P:
                 ledger.start(rid, "ok")
                 _unary_request(url, request, rid, ledger, None)

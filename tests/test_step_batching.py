@@ -107,12 +107,14 @@ def test_mixed_shapes_and_cfg_run_concurrently_and_correctly(server, diffusers_p
         assert_matches(image, expected)
 
 
-@pytest.mark.parametrize("cancel_after_steps", [0, 1, 30, 59], ids=["on-arrival", "first", "middle", "last"])
+@pytest.mark.parametrize("cancel_after_steps", [0, 1, 30], ids=["on-arrival", "first", "middle"])
 def test_cancel_at_each_point_frees_state_and_never_decodes(server, cancel_after_steps):
-    """One 60-step stream is cancelled after N progress responses.
+    """One 60-step stream's gRPC call is cancelled after N progress responses.
 
     On arrival it may be dropped by Triton before our model sees it (cancelled count +0)
     or reach us already cancelled (+1); once it has stepped, our model must end it (+1).
+    Not after 59 steps: there the cancel meets the final response, where Triton 2.51 crashes
+    about once in 2,000 (docs/reliability.md); test_cancel_by_id.py cancels there by id.
     """
     name = "ditserve_requests_cancelled_total"
     before = settled_scrape(server.metrics_url)   # the previous test's last decode is counted by now
@@ -127,22 +129,15 @@ def test_cancel_at_each_point_frees_state_and_never_decodes(server, cancel_after
     time.sleep(0.5)  # a late, wrong decode or a second outcome would show up by now
     after = scrape(server.metrics_url)
     delta = delta_of(before, after, STREAM)
-    if cancel_after_steps == 59 and delta("nv_inference_count", "vae_decode") == 1:
-        # The cancel, sent after step 59's progress, reached the server only after step 60:
-        # dit reports step 59 just before its final response (it reads a step's NaN/inf check
-        # one step late), so the latents were already handed on. Exactly one outcome: the
-        # image, or cancelled when the cancel arrived during the decode.
-        assert delta(name) + delta("ditserve_requests_completed_total") == 1
-    else:
-        assert delta(name) == 1 if cancel_after_steps else delta(name) in (0, 1)
-        assert delta("ditserve_requests_completed_total") == 0
-        assert delta("nv_inference_count", "vae_decode") == 0, "no decode after an abort"
-        if cancel_after_steps:
-            # Triton 2.51 counts the cancelled stream as a success of the public model: it was
-            # ended with the final flag alone (a response to a cancelled request crashes the
-            # stub), and Triton counts that as a success. docs/metrics.md says so.
-            assert delta("nv_inference_request_success") == 1
-            assert delta("nv_inference_request_failure") == 0
+    assert delta(name) == 1 if cancel_after_steps else delta(name) in (0, 1)
+    assert delta("ditserve_requests_completed_total") == 0
+    assert delta("nv_inference_count", "vae_decode") == 0, "no decode after an abort"
+    if cancel_after_steps:
+        # Triton 2.51 counts the cancelled stream as a success of the public model: it was
+        # ended with the final flag alone (a response to a cancelled request crashes the
+        # stub), and Triton counts that as a success. docs/metrics.md says so.
+        assert delta("nv_inference_request_success") == 1
+        assert delta("nv_inference_request_failure") == 0
     assert delta("ditserve_requests_failed_total") == 0
     with DitClient(server.grpc_url, "grpc") as client:
         assert client.generate(GenerationRequest("next", seed=1, num_inference_steps=2)).media.shape == (64, 64, 3)

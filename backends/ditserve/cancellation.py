@@ -10,7 +10,9 @@ step boundary — a few stat() calls — and clears a flag when the request ends
 """
 from __future__ import annotations
 
+import hashlib
 import tempfile
+import time
 from pathlib import Path
 
 from .scratch import GenerationFiles, pipeline_dir
@@ -25,9 +27,82 @@ class CancelRegistry(GenerationFiles):
         super().__init__(root or default_root(pipeline=pipeline))
 
     def cancel(self, request_id: str) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        self._path(request_id).touch()
+        self.mark(request_id)
 
     def is_cancelled(self, request_id: str) -> bool:
-        return self._path(request_id).exists()
+        return self.has(request_id)
+
+
+
+# A cancel for a request that has not started (queued for a public-model instance) waits this long
+# for it; a finished request's record answers "finished" for as long.
+PENDING_CANCEL_S = 600.0
+
+
+class ClientCancels:
+    """Cancels a client asks for by request id, through the `cancel` model (stages/cancel.py).
+
+    Why not just cancel the gRPC call: Triton 2.51's gRPC front end segfaults about once in
+    2,000 client cancels that meet the request's final response (docs/reliability.md, "Known
+    crash"). A cancel sent as a request of its own never touches the generation's call: the
+    public model sees the flag at its next dit step, ends the generation with one CANCELLED
+    error response, and the stream ends as any failed request does. It also reaches unary
+    gRPC and HTTP calls, which a client cannot cancel otherwise.
+
+    Three records per request id, each an empty file named for a hash of the id (any id is a
+    safe file name then), under the pipeline's own folder: `running` while its generation runs
+    here, `ended` once it ended, `flags` once a client cancelled it. The public models write
+    `running` and `ended`, the cancel model writes `flags`.
+    """
+
+    def __init__(self, root: Path | None = None, pipeline: str | None = None):
+        root = root or pipeline_dir(Path(tempfile.gettempdir()), "client-cancel", pipeline)
+        self.flags, self.running, self.ended = (GenerationFiles(root / kind) for kind in ("flags", "running", "ended"))
+        self.collected_at = 0.0
+
+    def _collect_garbage(self) -> None:
+        """Drop cancels and end records older than PENDING_CANCEL_S, at most once a minute per process."""
+        if time.monotonic() - self.collected_at > 60.0:
+            self.collected_at = time.monotonic()
+            for records in (self.flags, self.ended):
+                records.collect_garbage(PENDING_CANCEL_S)
+
+    @staticmethod
+    def key(request_id: str) -> str:
+        return hashlib.sha256(request_id.encode("utf-8")).hexdigest()[:40]
+
+    def request(self, request_id: str) -> str:
+        """Cancel the generation with this id and say where it stood: `cancelling` (it runs and
+        ends at its next denoise step), `finished` (it ended already: nothing to do) or `pending`
+        (not seen yet, e.g. still queued: it ends as it starts, if that is within PENDING_CANCEL_S)."""
+        key = self.key(request_id)
+        self._collect_garbage()
+        if self.running.has(key):
+            self.flags.mark(key)
+            return "cancelling"
+        if self.ended.has(key):
+            return "finished"
+        self.flags.mark(key)
+        return "pending"
+
+    def start(self, request_id: str) -> None:
+        """A generation with this id starts (a reused id forgets its earlier run)."""
+        key = self.key(request_id)
+        self.ended.discard(key)
+        self.running.mark(key)
+
+    def cancelled(self, request_id: str) -> bool:
+        return self.flags.has(self.key(request_id))
+
+    def end(self, request_id: str) -> None:
+        """The generation ended, however: its cancel (if any) is spent, and a late one is answered `finished`."""
+        key = self.key(request_id)
+        self._collect_garbage()
+        self.ended.mark(key)
+        self.running.discard(key)
+        self.flags.discard(key)
+
+    def remove_all(self) -> None:
+        for records in (self.flags, self.running, self.ended):
+            records.remove_all()
 

@@ -9,7 +9,13 @@
     result.media, result.video_mp4  # uint8 [F, H, W, 3], MP4 bytes
 
 `grpc-stream` calls `<task>_stream` and reports one (done, total) pair per denoise
-step; `grpc` and `http` call `<task>` and get only the final media. On a repository that
+step; `grpc` and `http` call `<task>` and get only the final media. A generation started
+with a `request_id` can be cancelled from another thread or process, whatever its protocol,
+with a client of its own (an HTTP client runs one call at a time):
+
+    DitClient("127.0.0.1:8001").cancel("job-42")   # "cancelling", "finished" or "pending"
+
+the generation then raises InferenceServerException "request cancelled". On a repository that
 serves several deployments, `pipeline="flux"` calls that pipeline's `flux_<task>` models
 (ditserve.pipelines). With
 `shm="system"` or `shm="cuda"` the media is written into a shared-memory region this
@@ -117,6 +123,7 @@ class DitClient:
         self.protocol = protocol
         names = PipelineNames(pipeline)
         self.model = names.public(task, streaming=protocol == "grpc-stream")
+        self.cancel_model = names.model("cancel")
         self.media_name = MEDIA_OUTPUT[task]
         if protocol == "http":
             import tritonclient.http as module
@@ -140,11 +147,14 @@ class DitClient:
         return outputs
 
     def generate(self, request: GenerationRequest, on_progress: Callable[[int, int], None] | None = None,
-                 timeout_s: float | None = None, keep_on_gpu: bool = False) -> GenerationResult:
+                 timeout_s: float | None = None, keep_on_gpu: bool = False,
+                 request_id: str | None = None) -> GenerationResult:
         """Run one generation; raises tritonclient's InferenceServerException on a server error.
 
         `keep_on_gpu` (shm="cuda" only) returns the media as a torch tensor viewing the CUDA
-        region instead of copying it to host memory."""
+        region instead of copying it to host memory. `request_id` (unique per generation) lets
+        `cancel` end it; a random one is used when not given."""
+        request_id = request_id or uuid.uuid4().hex
         if keep_on_gpu and (self.pool is None or self.pool.kind != "cuda"):
             raise ValueError("keep_on_gpu needs shm=\"cuda\"")
         region, byte_size = None, 0
@@ -152,7 +162,8 @@ class DitClient:
             byte_size = request.media_bytes()
             region = self.pool.acquire(byte_size)
         try:
-            final, steps = self._infer(request, self._outputs(request, region, byte_size), on_progress, timeout_s)
+            final, steps = self._infer(request, self._outputs(request, region, byte_size), on_progress, timeout_s,
+                                       request_id)
         except BaseException:
             if region is not None:
                 self.pool.release(region, broken=True)
@@ -171,18 +182,19 @@ class DitClient:
         output = result.get_output(name)
         return list(output["shape"] if self.protocol == "http" else output.shape)
 
-    def _infer(self, request, outputs, on_progress, timeout_s):
+    def _infer(self, request, outputs, on_progress, timeout_s, request_id: str):
         """The final result object and the number of progress responses seen."""
         if self.protocol != "grpc-stream":
             kwargs = {"client_timeout": timeout_s} if timeout_s and self.protocol == "grpc" else {}
-            return self._client.infer(self.model, request.infer_inputs(self._module), outputs=outputs, **kwargs), 0
+            return self._client.infer(self.model, request.infer_inputs(self._module), outputs=outputs,
+                                      request_id=request_id, **kwargs), 0
         responses: queue.Queue = queue.Queue()
         self._client.start_stream(callback=lambda result, error: responses.put((result, error)),
                                   stream_timeout=timeout_s)
         steps = 0
         try:
             self._client.async_stream_infer(self.model, request.infer_inputs(self._module), outputs=outputs,
-                                            request_id=uuid.uuid4().hex)
+                                            request_id=request_id)
             while True:
                 result, error = responses.get(timeout=timeout_s)
                 if error is not None:
@@ -195,6 +207,15 @@ class DitClient:
                     on_progress(done, total)
         finally:
             self._client.stop_stream()
+
+    def cancel(self, request_id: str) -> str:
+        """Cancel the generation started with `request_id` (any protocol, any client) through the
+        pipeline's `cancel` model: "cancelling" (it ends at its next denoise step), "finished"
+        (it already ended) or "pending" (not started yet: it ends as it starts)."""
+        tensor = self._module.InferInput("request_id", [1], "BYTES")
+        tensor.set_data_from_numpy(np.array([request_id.encode("utf-8")], dtype=np.object_))
+        result = self._client.infer(self.cancel_model, [tensor])
+        return result.as_numpy("state").reshape(-1)[0].decode()
 
     def close(self) -> None:
         if self.pool:

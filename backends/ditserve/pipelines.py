@@ -23,6 +23,8 @@ from .deployment import FAMILY_TASKS
 PIPELINE_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")
 # The internal stages every public model calls through BLS.
 STAGE_MODELS = ("text_encoder", "vae_encode", "dit", "vae_decode")
+# Models clients call beside the public ones: `cancel` (stages/cancel.py).
+CONTROL_MODELS = ("cancel",)
 PUBLIC_MODELS = tuple(f"{task}{suffix}" for task in dict.fromkeys(FAMILY_TASKS.values()) for suffix in ("", "_stream"))
 
 
@@ -57,10 +59,11 @@ class PipelineNames:
 def split_model_name(name: str) -> tuple[str | None, str | None]:
     """(pipeline, base model) of a served model name: pipeline None for an unprefixed one,
     (None, None) for a model that is none of ours."""
-    if name in STAGE_MODELS or name in PUBLIC_MODELS:
+    ours = STAGE_MODELS + CONTROL_MODELS + PUBLIC_MODELS
+    if name in ours:
         return None, name
     pipeline, _, base = name.partition("_")
-    if PIPELINE_NAME.match(pipeline) and (base in STAGE_MODELS or base in PUBLIC_MODELS):
+    if PIPELINE_NAME.match(pipeline) and base in ours:
         return pipeline, base
     return None, None
 

@@ -149,6 +149,14 @@ class GenerationFiles:
             raise ValueError(f"generation id {key!r} is not a safe file name")
         return self.root / key
 
+    def mark(self, key: str) -> None:
+        """An empty entry for `key` (the folder again if an unload's remove_all took it)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._path(key).touch()
+
+    def has(self, key: str) -> bool:
+        return self._path(key).exists()
+
     def discard(self, key: str) -> None:
         """Idempotent: cancel, timeout and error may all end the same generation."""
         self._path(key).unlink(missing_ok=True)
@@ -156,7 +164,7 @@ class GenerationFiles:
     def collect_garbage(self, max_age_s: float) -> int:
         """Remove entries older than `max_age_s` (their generation never came back); returns how many."""
         now, dropped = time.time(), 0
-        for entry in self.root.iterdir():
+        for entry in self.root.iterdir() if self.root.is_dir() else ():
             try:
                 if now - entry.stat().st_mtime > max_age_s:
                     entry.unlink(missing_ok=True)

@@ -13,6 +13,7 @@ STAGES = {
     "vae_decode": "ditserve.stages.vae_decode:VaeDecodeStage",
     "vae_encode": "ditserve.stages.vae_encode:VaeEncodeStage",
     "generate": "ditserve.stages.generate:GenerateStage",
+    "cancel": "ditserve.stages.cancel:CancelStage",
 }
 
 

@@ -34,7 +34,7 @@ from typing import Callable
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from ..cancellation import CancelRegistry
+from ..cancellation import CancelRegistry, ClientCancels
 from ..deployment import FAMILY_TEXT_CONDITIONING, TASK_CONDITIONING, Deployment
 from ..faults import Subject, injector
 from ..handoff import Arrivals, ConditioningStore, HostTensor
@@ -162,6 +162,7 @@ class GenerateStage:
         self.output_names = [spec.name for spec in io_specs(self.deployment)[1]]
         self.streaming = pb_utils.using_decoupled_model_transaction_policy(model_config)
         self.cancels = CancelRegistry(pipeline=self.names.pipeline)
+        self.client_cancels = ClientCancels(pipeline=self.names.pipeline)   # the `cancel` model's flags
         self.handoff = ConditioningStore(pipeline=self.names.pipeline)
         self.arrivals = Arrivals(pipeline=self.names.pipeline)
         self.metrics = GenerateMetrics(args["model_name"])
@@ -217,6 +218,21 @@ class GenerateStage:
 
     def _respond(self, request, on_progress: Callable | None):
         """Run one generation and turn its outcome into the one terminal response."""
+        request_id = request.request_id()
+        if request_id:   # then the `cancel` model can cancel it (stages/cancel.py)
+            self.client_cancels.start(request_id)
+        try:
+            return self._outcome(request, on_progress)
+        finally:
+            if request_id:
+                self.client_cancels.end(request_id)
+
+    def _cancelled(self, request) -> bool:
+        """The client cancelled: its gRPC call (Triton's cancel) or its request id (the `cancel` model)."""
+        request_id = request.request_id()
+        return request.is_cancelled() or bool(request_id) and self.client_cancels.cancelled(request_id)
+
+    def _outcome(self, request, on_progress: Callable | None):
         try:
             params, outputs = self.generate(request, on_progress)
         except InvalidRequest as exc:
@@ -268,14 +284,14 @@ class GenerateStage:
         outputs = [without_batch(media_output(self.deployment), media), without_batch("cache_hits", hits)]
         if params.output_format == "mp4":
             outputs.append(self._timed("mp4", self._mp4, request, deadline, media, params.fps))
-        if request.is_cancelled():  # the client left during the last stage: counted as cancelled, not sent
+        if self._cancelled(request):  # the client left during the last stage: counted as cancelled, not sent
             raise Cancelled()
         return params, outputs
 
     def _timed(self, stage: str, fn, request, deadline: Deadline, *args):
         """Run one stage; any failure in it becomes a StageError that names the stage's model."""
         model = self.names.model(STAGE_MODEL[stage]) if stage in STAGE_MODEL else "mp4 encode"
-        if request.is_cancelled():
+        if self._cancelled(request):
             raise Cancelled()
         if deadline.expired():
             raise deadline.error(f"{model}: before the stage started")
@@ -355,7 +371,7 @@ class GenerateStage:
             progress = pb_utils.get_output_tensor_by_name(response, "progress")
             done = int(progress.as_numpy().reshape(-1)[0]) if progress is not None else done
             if stop is None:
-                if request.is_cancelled():
+                if self._cancelled(request):
                     stop = Stop(Cancelled, "request cancelled")
                 elif deadline.expired():
                     where = f"{self.dit}: after denoise step {done}/{params.num_inference_steps}"

@@ -12,6 +12,7 @@ from typing import Callable
 from ..deployment import FAMILY_TEXT_CONDITIONING, TASK_CONDITIONING, Deployment
 from . import STAGES, known_stage
 from .common import TensorSpec, declare, media_dims, stage_deployment
+from .cancel import IO_SPECS as CANCEL_SPECS
 from .generate import io_specs as generate_specs
 
 Specs = tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]
@@ -82,6 +83,7 @@ SPECS: dict[str, Callable[[Deployment], Specs]] = {
     "vae_decode": vae_decode_specs,
     "vae_encode": vae_encode_specs,
     "generate": generate_specs,
+    "cancel": lambda deployment: CANCEL_SPECS,
 }
 assert SPECS.keys() == STAGES.keys(), "every stage declares its I/O here"
 
