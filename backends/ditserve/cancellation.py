@@ -1,4 +1,5 @@
-"""Cross-process cancellation flags between a public model and `dit`.
+"""Cross-process cancellation flags: from a public model to `dit` (CancelRegistry), and from the
+`cancel` model to the public models (ClientCancels, below).
 
 A client cancel is seen by the public model (`request.is_cancelled()`), but the
 generation runs in `dit`, another stub process, reached through a BLS request that

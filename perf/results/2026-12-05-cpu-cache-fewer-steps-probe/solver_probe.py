@@ -25,7 +25,7 @@ SOLVERS = {
 }
 
 stages, params, reference = probe_setup([], 20)
-adapter = stages["dit"].adapter
+adapter = stages["dit"]
 original = adapter.pipe.scheduler
 adapter.solver = None   # the batched step covers DPM-Solver++(2M) only: step each request's own
 print(f"{'solver':<20} {'steps':>5} {'PSNR mean':>9} {'min':>6}   (vs the 20-step DPM-Solver++(2M) images)")
