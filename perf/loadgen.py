@@ -65,7 +65,8 @@ from ditserve.pipelines import PipelineNames, split_model_name  # noqa: E402
 
 MODEL = "txt2img_stream"
 TRACE_FIELDS = ("t", "prompt", "height", "width", "num_inference_steps", "guidance_scale", "seed", "cancel_after_s",
-                "unary", "expect_error")
+                "cancel_by", "unary", "expect_error")
+CANCEL_BY = ("stream", "id")   # a trace entry's `cancel_by`: cancel the gRPC call, or the request id (`cancel` model)
 DEFAULT_PROMPTS = (
     "a red fox sitting in the snow, watercolor",
     "a lighthouse on a cliff at dusk, oil painting",
@@ -153,6 +154,8 @@ def load_trace(path: str | os.PathLike) -> list[dict]:
         unknown = set(entry) - set(TRACE_FIELDS)
         if unknown or "t" not in entry or "prompt" not in entry:
             raise ValueError(f"{path}:{n}: needs 't' and 'prompt', allowed fields {TRACE_FIELDS}; got {sorted(entry)}")
+        if entry.get("cancel_by", "stream") not in CANCEL_BY:
+            raise ValueError(f"{path}:{n}: cancel_by {entry['cancel_by']!r}; allowed {CANCEL_BY}")
         entries.append(entry)
     entries.sort(key=lambda e: e["t"])
     return entries
@@ -252,13 +255,17 @@ async def one_request(client, entry: dict, rec: Record, t0: float, timeout_s: fl
     rec.send_s = now()
     stream = client.stream_infer(requests(), stream_timeout=timeout_s)
     canceller = None
+    by_id = entry.get("cancel_by", "stream") == "id"
     if rec.cancel_after_s is not None:
         async def cancel_later():
             await asyncio.sleep(max(0.0, rec.cancel_after_s))
             if rec.terminals:
                 return
             rec.cancel_sent = True
-            stream.cancel()
+            if by_id:   # the stream is read on to its CANCELLED error (docs/reliability.md)
+                await _cancel_by_id(client, model, request_id)
+            else:
+                stream.cancel()
         canceller = asyncio.create_task(cancel_later())
 
     def terminal(outcome: str, error: str | None = None) -> None:
@@ -278,7 +285,10 @@ async def one_request(client, entry: dict, rec: Record, t0: float, timeout_s: fl
             if rec.terminals:
                 rec.after_terminal += 1
             if error is not None:
-                terminal("failed", str(error))
+                if by_id and rec.cancel_sent and error.message() == "request cancelled":
+                    terminal("cancelled")
+                else:
+                    terminal("failed", str(error))
                 continue
             image = result.as_numpy("image")
             progress = result.as_numpy("progress")
@@ -310,11 +320,21 @@ async def one_request(client, entry: dict, rec: Record, t0: float, timeout_s: fl
         terminal("failed", str(exc))
     finally:
         if canceller is not None:
-            canceller.cancel()
+            if not (by_id and rec.cancel_sent):   # a cancel call in flight by id is left to finish
+                canceller.cancel()
             rec.cancel_too_late = not rec.cancel_sent  # the request ended before its cancel was due
     if rec.terminals == 0 and rec.outcome == "pending":
         rec.outcome, rec.end_s, rec.error = "lost", now(), "stream ended without a terminal response"
     return rec
+
+
+async def _cancel_by_id(client, model: str, request_id: str) -> None:
+    """Cancel generation `request_id` through the `cancel` model of `model`'s pipeline."""
+    import tritonclient.grpc as grpcclient
+
+    tensor = grpcclient.InferInput("request_id", [1], "BYTES")
+    tensor.set_data_from_numpy(np.array([request_id.encode()], dtype=np.object_))
+    await client.infer(PipelineNames(split_model_name(model)[0]).model("cancel"), [tensor])
 
 
 async def _unary_request(client, inputs: list, request_id: str, rec: Record, now, timeout_s: float,
@@ -915,6 +935,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="fraction of requests the client cancels after a random delay (drawn into a generated trace; "
                           "added to a replayed trace's entries that have no cancel_after_s)")
     src.add_argument("--cancel-delay", default="0.05:0.5", help="cancel delay range in s, A:B (default 0.05:0.5)")
+    src.add_argument("--cancel-by", choices=CANCEL_BY, default=None,
+                     help="how the client cancels: its gRPC call (stream) or the request id through the `cancel` model "
+                          "(id); set on every cancelled entry (default: a replayed trace's own, else stream)")
     src.add_argument("--speedup", type=float, default=1.0, help="divide every arrival offset by this (default 1)")
     src.add_argument("--make-trace", metavar="OUT", help="write the drawn trace (needs --rate) to OUT and exit")
     run_g = p.add_argument_group("run")
@@ -934,6 +957,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def entries_from_args(args) -> tuple[list[dict], str]:
+    entries, source = _drawn_or_replayed(args)
+    if args.cancel_by:
+        entries = [{**e, "cancel_by": args.cancel_by} if "cancel_after_s" in e else e for e in entries]
+        source += f", cancelled by {args.cancel_by}"
+    return entries, source
+
+
+def _drawn_or_replayed(args) -> tuple[list[dict], str]:
     if args.trace:
         entries = load_trace(args.trace)
         if args.num_requests:

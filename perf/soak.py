@@ -270,7 +270,7 @@ class Workload:
                     e["expect_error"] = FAULTS[fault][1]
                 self.drawn["fault"] += 1
             elif j < n_bad + n_fault + n_cancel:
-                e.update(kind="cancel", cancel_after_s=round(rng.uniform(*self.cancel_delay), 3))
+                e.update(kind="cancel", cancel_after_s=round(rng.uniform(*self.cancel_delay), 3), cancel_by=a.cancel_by)
             else:
                 draw = rng.random()
                 if draw < a.shm_share:
@@ -786,6 +786,9 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--steps", default=None, help="'10,20' or '2-12' (default: the deployment's [defaults])")
     load.add_argument("--guidance", default=None, help="comma-separated guidance scales (default: the deployment's)")
     load.add_argument("--cancel-rate", type=float, default=0.05, help="share cancelled by the client (default 0.05)")
+    load.add_argument("--cancel-by", choices=("stream", "id"), default="stream",
+                      help="cancel the gRPC call (default; what the recorded runs did) or the request id through the "
+                           "`cancel` model, which never meets Triton 2.51's crash and unload hang under cancels")
     load.add_argument("--cancel-delay", default="auto", help="A:B seconds after sending; auto = 0.1-0.9 x the warm-up's "
                                                               "median latency (default auto)")
     load.add_argument("--bad-rate", type=float, default=0.02, help="share of invalid requests (default 0.02)")

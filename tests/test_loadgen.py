@@ -45,6 +45,19 @@ def test_poisson_trace_is_reproducible_and_round_trips(tmp_path):
     assert loadgen.load_trace(path) == first
 
 
+def test_cancel_by_id_marks_the_cancelled_entries_and_a_bad_value_is_refused(tmp_path):
+    args = loadgen.build_parser().parse_args(["--rate", "5", "--num-requests", "30", "--cancel-rate", "0.3",
+                                              "--cancel-by", "id"])
+    entries, source = loadgen.entries_from_args(args)
+    cancelled = [e for e in entries if "cancel_after_s" in e]
+    assert cancelled and all(e["cancel_by"] == "id" for e in cancelled) and "cancelled by id" in source
+    assert all("cancel_by" not in e for e in entries if "cancel_after_s" not in e)
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"t": 0, "prompt": "x", "cancel_after_s": 1, "cancel_by": "socket"}\n')
+    with pytest.raises(ValueError, match="cancel_by 'socket'; allowed"):
+        loadgen.load_trace(path)
+
+
 def test_committed_tiny_trace_loads():
     entries = loadgen.load_trace(ROOT / "perf" / "traces" / "tiny_mixed_v1.jsonl")
     assert len(entries) == 40
@@ -53,13 +66,14 @@ def test_committed_tiny_trace_loads():
 
 
 def test_loadgen_smoke_against_server(server):
-    """Six requests at a high rate, one cancelled mid-generation: every request ends exactly once."""
+    """Seven requests at a high rate, two cancelled mid-generation (the gRPC call, and the request id
+    through the `cancel` model): every request ends exactly once."""
     quick = {"prompt": "a red cat", "height": 64, "width": 64, "num_inference_steps": 5, "guidance_scale": 4.5}
     entries = [{**quick, "t": 0.02 * i, "seed": i} for i in range(5)]
     # 100 steps at 128 px takes far longer than 50 ms on any host, so this cancel lands
     # while the request is queued or denoising, never after it finished.
-    entries.insert(2, {**quick, "t": 0.03, "height": 128, "width": 128, "num_inference_steps": 100, "seed": 99,
-                       "cancel_after_s": 0.05})
+    doomed = {**quick, "t": 0.03, "height": 128, "width": 128, "num_inference_steps": 100, "cancel_after_s": 0.05}
+    entries[2:2] = [{**doomed, "seed": 99}, {**doomed, "seed": 98, "cancel_by": "id"}]
     cfg = loadgen.LoadgenConfig(url=server.grpc_url, entries=entries, source="smoke", metrics_url=server.metrics_url,
                                 warmup=0, solo_repeats=1, server_pid=server.process.pid, timeout_s=60, verbose=False)
     start = time.monotonic()
@@ -69,8 +83,8 @@ def test_loadgen_smoke_against_server(server):
     missing = [k for k in REPORT_KEYS if k not in report]
     assert not missing, missing
     assert report["lost"] == 0 and report["duplicated"] == 0, report
-    assert report["total_requests"] == 6
-    assert report["cancelled_requests"] == 1 and report["failed_requests"] == 0, report["errors"]
+    assert report["total_requests"] == 7
+    assert report["cancelled_requests"] == 2 and report["failed_requests"] == 0, report["errors"]
     assert report["completed_requests"] + report["cancelled_requests"] == report["total_requests"]
     assert report["server_counts_consistent"] and report["server_completed"] >= 5
     assert report["mean_e2el_ms"] > 0 and report["mean_ttfs_ms"] <= report["mean_e2el_ms"]
