@@ -7,16 +7,21 @@
     python scripts/generate.py "a red cat" --pipeline flux --output cat.png   # a server of several pipelines
 
 Images are written as PNG. Videos are written as the server's MP4 (H.264) when --output
-ends in .mp4, else as the raw uint8 frames [F, H, W, 3] in a .npy file.
+ends in .mp4, else as the raw uint8 frames [F, H, W, 3] in a .npy file. Ctrl-C cancels the
+generation on the server (by its request id, through the `cancel` model) and exits with 130.
 """
 from __future__ import annotations
 
+import _thread
 import argparse
+import signal
 import sys
+import threading
+import time
+import uuid
+from pathlib import Path
 
 import numpy as np
-import time
-from pathlib import Path
 
 from PIL import Image
 from tqdm import tqdm
@@ -74,13 +79,41 @@ def main(argv: list[str] | None = None) -> int:
         bar.total = total
         bar.update(done - bar.n)
 
+    request_id = uuid.uuid4().hex
+    interrupted = []
+
+    def cancel() -> None:
+        try:
+            with DitClient(url, "http" if args.protocol == "http" else "grpc", task=args.task,
+                           pipeline=args.pipeline) as canceller:
+                canceller.cancel(request_id)
+        except Exception as exc:   # e.g. a repository rendered without the `cancel` model
+            print(f"could not cancel it on the server ({exc}); it may run on there", file=sys.stderr)
+            _thread.interrupt_main()   # stop waiting for it
+
+    def cancel_on_interrupt(signum, frame) -> None:
+        """Ctrl-C: cancel on the server; the generation's call then ends with its CANCELLED error.
+        From a thread of its own: the HTTP client's event loop, where a handler may run, cannot block."""
+        signal.signal(signal.SIGINT, signal.default_int_handler)   # a second Ctrl-C stops waiting
+        interrupted.append(True)
+        print("\ninterrupted: cancelling the generation on the server (Ctrl-C again to stop waiting)",
+              file=sys.stderr, flush=True)
+        threading.Thread(target=cancel, daemon=True).start()
+
     start = time.monotonic()
+    signal.signal(signal.SIGINT, cancel_on_interrupt)
     try:
         with DitClient(url, args.protocol, task=args.task, shm=args.shm, pipeline=args.pipeline) as client:
-            result = client.generate(request, on_progress, timeout_s=args.timeout)
+            result = client.generate(request, on_progress, timeout_s=args.timeout, request_id=request_id)
     except InferenceServerException as exc:
+        if interrupted and exc.message() == "request cancelled":
+            print("cancelled on the server", file=sys.stderr)
+            return 130
         print(f"error: the server rejected the request: {exc.message()}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("stopped waiting", file=sys.stderr)
+        return 130
     except ValueError as exc:  # e.g. --shm without --height/--width/--frames
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -89,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         bar.close()
     out.parent.mkdir(parents=True, exist_ok=True)
     if result.video_mp4 is not None:

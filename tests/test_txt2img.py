@@ -9,6 +9,7 @@ Measured: max diff 0 on every case below.
 from __future__ import annotations
 
 import queue
+import signal
 import subprocess
 import sys
 
@@ -20,7 +21,7 @@ from tritonclient.utils import InferenceServerException
 
 from conftest import ROOT, diffusers_image
 from ditserve.client import DitClient, GenerationRequest
-from helpers import assert_matches
+from helpers import assert_matches, settled_scrape, wait_for_metric
 
 
 
@@ -123,6 +124,29 @@ def test_cli_writes_a_png_with_a_progress_bar(server, tmp_path):
     from PIL import Image
 
     assert Image.open(out).size == (64, 64)
+
+
+@pytest.mark.parametrize("protocol", ["grpc-stream", "http"])
+def test_cli_ctrl_c_cancels_the_generation_on_the_server(server, tmp_path, protocol):
+    """SIGINT mid-denoise: the CLI cancels by request id, the server counts one cancel of the model
+    it called and decodes nothing, and the CLI says so and exits 130 without a traceback."""
+    model = "txt2img_stream" if protocol == "grpc-stream" else "txt2img"
+    before = settled_scrape(server.metrics_url)
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "scripts" / "generate.py"), "a slow cat", "--steps", "100", "--height", "256",
+         "--width", "256", "--protocol", protocol, "--url", server.http_url if protocol == "http" else server.grpc_url,
+         "--output", str(tmp_path / "never.png")], stderr=subprocess.PIPE, text=True)
+    first_steps = ("ditserve_time_to_first_step_seconds_count", model)
+    expected = before.get(first_steps, 0) + 1
+    assert wait_for_metric(server.metrics_url, *first_steps, expected) == expected   # it denoises
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "cancelled on the server" in stderr and "Traceback" not in stderr, stderr
+    expected = before.get(("ditserve_requests_cancelled_total", model), 0) + 1
+    assert wait_for_metric(server.metrics_url, "ditserve_requests_cancelled_total", model, expected) == expected
+    decodes = ("nv_inference_count", "vae_decode")
+    assert settled_scrape(server.metrics_url).get(decodes, 0) == before.get(decodes, 0)
+    assert not (tmp_path / "never.png").exists()
 
 
 def test_cli_reports_a_bad_request_clearly(server, tmp_path):
