@@ -261,7 +261,8 @@ def _fractions(args) -> list[float]:
 def _workload_args(args, rate: float | None, num_requests: int | None) -> argparse.Namespace:
     return argparse.Namespace(trace=args.trace if rate is None else None, rate=rate, num_requests=num_requests,
                               sizes=args.sizes, steps=args.steps, guidance=args.guidance, prompts_file=None,
-                              seed=args.seed, cancel_rate=args.cancel_rate, cancel_delay=args.cancel_delay)
+                              seed=args.seed, cancel_rate=args.cancel_rate, cancel_delay=args.cancel_delay,
+                              cancel_by=args.cancel_by)
 
 
 # ---- comparison --------------------------------------------------------------------------
@@ -501,6 +502,8 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--seed", type=int, default=0)
     src.add_argument("--cancel-rate", type=float, default=0.0)
     src.add_argument("--cancel-delay", default="0.05:0.5")
+    src.add_argument("--cancel-by", choices=("stream", "id"), default=None,
+                     help="cancel the gRPC call (stream) or the request id through the `cancel` model (id)")
     src.add_argument("--speedup", type=float, default=1.0)
     src.add_argument("--load-fractions", default=None,
                      help="load ladder, e.g. 0.5,0.8,0.95: measure saturation on the first mode's server, then "
