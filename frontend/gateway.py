@@ -21,7 +21,7 @@ import numpy as np
 import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
-from ditserve.client import MEDIA_OUTPUT, GenerationRequest
+from ditserve.client import MEDIA_OUTPUT, GenerationRequest, cancel_inputs
 from ditserve.pipelines import PipelineNames, split_model_name
 
 from .errors import APIError, from_server_message, unavailable
@@ -153,10 +153,8 @@ class TritonGateway:
         """Cancel generation `request_id` of `task`'s pipeline through its `cancel` model; the
         gRPC call itself only where that model cannot take it (a repository rendered without it)."""
         name = PipelineNames(split_model_name(task)[0]).model("cancel")
-        request_input = grpcaio.InferInput("request_id", [1], "BYTES")
-        request_input.set_data_from_numpy(np.array([request_id.encode()], dtype=np.object_))
         try:
-            await self._client.infer(name, [request_input])
+            await self._client.infer(name, cancel_inputs(grpcaio, request_id))
         except InferenceServerException:
             stream.cancel()
 

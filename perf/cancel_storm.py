@@ -39,14 +39,13 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "backends"))
 
-from ditserve.client import GenerationRequest  # noqa: E402
+from ditserve.client import GenerationRequest, cancel_inputs  # noqa: E402
 from ditserve.launcher import ServerOptions, TritonServer, free_ports  # noqa: E402
 
 MODEL = "txt2img_stream"
@@ -65,9 +64,7 @@ def _cancel_one(url: str, request: GenerationRequest, after: int, jitter_s: floa
         done, ended = _read(responses, done)
     time.sleep(jitter_s)
     if by_id:
-        tensor = grpcclient.InferInput("request_id", [1], "BYTES")
-        tensor.set_data_from_numpy(np.array([request_id.encode()], dtype=np.object_))
-        client.infer("cancel", [tensor])
+        client.infer("cancel", cancel_inputs(grpcclient, request_id))
         while not ended:
             done, ended = _read(responses, done)
     client.stop_stream(cancel_requests=not by_id)

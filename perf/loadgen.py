@@ -61,6 +61,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # perf/resources.py, also when loaded by file path; ditserve where it is not installed (the GPU host)
 sys.path[:0] = [str(ROOT / "perf"), str(ROOT / "backends")]
 import resources  # noqa: E402
+from ditserve.client import cancel_inputs  # noqa: E402
 from ditserve.pipelines import PipelineNames, split_model_name  # noqa: E402
 
 MODEL = "txt2img_stream"
@@ -332,9 +333,7 @@ async def _cancel_by_id(client, model: str, request_id: str) -> None:
     """Cancel generation `request_id` through the `cancel` model of `model`'s pipeline."""
     import tritonclient.grpc as grpcclient
 
-    tensor = grpcclient.InferInput("request_id", [1], "BYTES")
-    tensor.set_data_from_numpy(np.array([request_id.encode()], dtype=np.object_))
-    await client.infer(PipelineNames(split_model_name(model)[0]).model("cancel"), [tensor])
+    await client.infer(PipelineNames(split_model_name(model)[0]).model("cancel"), cancel_inputs(grpcclient, request_id))
 
 
 async def _unary_request(client, inputs: list, request_id: str, rec: Record, now, timeout_s: float,

@@ -21,11 +21,10 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from ditserve.client import GenerationRequest
+from ditserve.client import GenerationRequest, cancel_inputs
 from helpers import grpc_inputs, scrape, wait_for_metric
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "perf"))
@@ -147,9 +146,7 @@ def _stream_cancelled_by_id(url: str, request: GenerationRequest, rid: str, ledg
         else:
             progress += 1
             if progress == cancel_after:
-                tensor = grpcclient.InferInput("request_id", [1], "BYTES")
-                tensor.set_data_from_numpy(np.array([rid.encode()], dtype=np.object_))
-                client.infer("cancel", [tensor])
+                client.infer("cancel", cancel_inputs(grpcclient, rid))
     client.stop_stream()   # returns once the server closed the stream: a 2nd terminal would be in by now
     while not responses.empty():
         result, error = responses.get()

@@ -102,6 +102,14 @@ class GenerationRequest:
         return (self.num_frames or 1) * self.height * self.width * 3
 
 
+def cancel_inputs(module, request_id: str) -> list:
+    """The `cancel` model's input naming generation `request_id` (`module`: tritonclient.grpc,
+    tritonclient.grpc.aio or tritonclient.http); its output `state` says where it stood."""
+    tensor = module.InferInput("request_id", [1], "BYTES")
+    tensor.set_data_from_numpy(np.array([request_id.encode("utf-8")], dtype=np.object_))
+    return [tensor]
+
+
 @dataclass
 class GenerationResult:
     # uint8 [H, W, 3] (image) or [F, H, W, 3] (video): numpy, or with shm="cuda" and
@@ -212,9 +220,7 @@ class DitClient:
         """Cancel the generation started with `request_id` (any protocol, any client) through the
         pipeline's `cancel` model: "cancelling" (it ends at its next denoise step), "finished"
         (it already ended) or "pending" (not started yet: it ends as it starts)."""
-        tensor = self._module.InferInput("request_id", [1], "BYTES")
-        tensor.set_data_from_numpy(np.array([request_id.encode("utf-8")], dtype=np.object_))
-        result = self._client.infer(self.cancel_model, [tensor])
+        result = self._client.infer(self.cancel_model, cancel_inputs(self._module, request_id))
         return result.as_numpy("state").reshape(-1)[0].decode()
 
     def close(self) -> None:
