@@ -40,16 +40,31 @@ def test_the_records_of_a_request_id_through_its_life(tmp_path):
     assert cancels.request("queued") == "pending"
     cancels.start("queued")
     assert cancels.cancelled("queued")              # a cancel sent while it was queued
-    cancels.start("job")
+    job = cancels.start("job")
     assert not cancels.cancelled("job")
     assert cancels.request("job") == "cancelling" and cancels.cancelled("job")
-    cancels.end("job")
+    cancels.end("job", job)
     assert not cancels.cancelled("job") and cancels.request("job") == "finished"
-    cancels.start("job")                            # the same id again: a new generation
+    again = cancels.start("job")                    # the same id again: a new generation
     assert not cancels.cancelled("job") and cancels.request("job") == "cancelling"
+    cancels.end("job", again)
     assert cancels.request("any id / even ../this") == "pending"   # hashed: any id is a safe name
     cancels.remove_all()
     assert not (tmp_path / "client-cancel").exists()
+
+
+def test_two_generations_with_one_id_are_cancelled_together(tmp_path):
+    """Clients may reuse an id: while any generation with it runs, a cancel reaches every one of
+    them, also after another with that id ended."""
+    cancels = ClientCancels(root=tmp_path / "client-cancel")
+    first, second = cancels.start("job"), cancels.start("job")
+    cancels.end("job", first)                       # ended before any cancel
+    assert cancels.request("job") == "cancelling" and cancels.cancelled("job")   # the second still runs
+    third = cancels.start("job")
+    cancels.end("job", second)                      # saw the cancel and ended: the third has yet to see it
+    assert cancels.cancelled("job")
+    cancels.end("job", third)
+    assert not cancels.cancelled("job") and cancels.request("job") == "finished"
 
 
 @pytest.mark.parametrize("after_steps", [1, 30, 59], ids=["first", "middle", "last"])
@@ -122,6 +137,22 @@ def test_a_cancel_sent_before_its_request_ends_it_before_any_model_work(server):
     delta = delta_of(before, settled_scrape(server.metrics_url), STREAM)
     assert delta(CANCELLED) == 1
     assert delta("nv_inference_count", "text_encoder") == 0 and delta("nv_inference_count", "dit") == 0
+
+
+def test_a_reused_id_still_cancels_the_generation_that_runs(server):
+    """Two streams sent with one id: the short one finishes, then a cancel by that id still
+    reaches the long one (each generation keeps its own running record)."""
+    before = settled_scrape(server.metrics_url)
+    long = StreamCall(server.grpc_url, _long("long twin")).start()
+    long.wait_progress(1)
+    short = StreamCall(server.grpc_url, GenerationRequest("short twin", seed=1, num_inference_steps=2),
+                       request_id=long.request_id).start()
+    assert short.outcome()[0] == "image"
+    assert long.cancel_by_id() == "cancelling"
+    assert long.outcome() == ("error", "request cancelled")
+    assert wait_for_metric(server.metrics_url, "ditserve_state_table_size", "dit", 0.0) == 0.0
+    delta = delta_of(before, settled_scrape(server.metrics_url), STREAM)
+    assert delta(CANCELLED) == 1 and delta("ditserve_requests_completed_total") == 1
 
 
 def test_the_cancel_model_rejects_a_missing_id_with_what_to_send(server):

@@ -12,6 +12,8 @@ step boundary — a few stat() calls — and clears a flag when the request ends
 from __future__ import annotations
 
 import hashlib
+import itertools
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -52,14 +54,16 @@ class ClientCancels:
 
     Three records per request id, each an empty file named for a hash of the id (any id is a
     safe file name then), under the pipeline's own folder: `running` while its generation runs
-    here, `ended` once it ended, `flags` once a client cancelled it. The public models write
-    `running` and `ended`, the cancel model writes `flags`.
+    here (one record per generation, as clients may reuse an id), `ended` once one ended, `flags`
+    once a client cancelled it. The public models write `running` and `ended`, the cancel model
+    writes `flags`.
     """
 
     def __init__(self, root: Path | None = None, pipeline: str | None = None):
         root = root or pipeline_dir(Path(tempfile.gettempdir()), "client-cancel", pipeline)
         self.flags, self.running, self.ended = (GenerationFiles(root / kind) for kind in ("flags", "running", "ended"))
         self.collected_at = 0.0
+        self.generations = itertools.count()   # this process's generations: their running records
 
     def _collect_garbage(self) -> None:
         """Drop cancels and end records older than PENDING_CANCEL_S, at most once a minute per process."""
@@ -78,7 +82,7 @@ class ClientCancels:
         (not seen yet, e.g. still queued: it ends as it starts, if that is within PENDING_CANCEL_S)."""
         key = self.key(request_id)
         self._collect_garbage()
-        if self.running.has(key):
+        if self.running.has_prefix(f"{key}."):
             self.flags.mark(key)
             return "cancelling"
         if self.ended.has(key):
@@ -86,22 +90,27 @@ class ClientCancels:
         self.flags.mark(key)
         return "pending"
 
-    def start(self, request_id: str) -> None:
-        """A generation with this id starts (a reused id forgets its earlier run)."""
+    def start(self, request_id: str) -> str:
+        """A generation with this id starts (a reused id forgets its earlier run); returns its
+        running record, which `end` takes."""
         key = self.key(request_id)
         self.ended.discard(key)
-        self.running.mark(key)
+        record = f"{key}.{os.getpid()}.{next(self.generations)}"
+        self.running.mark(record)
+        return record
 
     def cancelled(self, request_id: str) -> bool:
         return self.flags.has(self.key(request_id))
 
-    def end(self, request_id: str) -> None:
-        """The generation ended, however: its cancel (if any) is spent, and a late one is answered `finished`."""
+    def end(self, request_id: str, record: str) -> None:
+        """The generation ended, however: a late cancel is answered `finished`, and the cancel (if
+        any) is spent once no other generation with this id runs (a cancel reaches all of them)."""
         key = self.key(request_id)
         self._collect_garbage()
         self.ended.mark(key)
-        self.running.discard(key)
-        self.flags.discard(key)
+        self.running.discard(record)
+        if not self.running.has_prefix(f"{key}."):
+            self.flags.discard(key)
 
     def remove_all(self) -> None:
         for records in (self.flags, self.running, self.ended):

@@ -157,6 +157,10 @@ class GenerationFiles:
     def has(self, key: str) -> bool:
         return self._path(key).exists()
 
+    def has_prefix(self, prefix: str) -> bool:
+        """Whether any entry's name starts with `prefix` (several records of one key)."""
+        return any(self.root.glob(f"{prefix}*"))
+
     def discard(self, key: str) -> None:
         """Idempotent: cancel, timeout and error may all end the same generation."""
         self._path(key).unlink(missing_ok=True)

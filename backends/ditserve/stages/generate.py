@@ -219,13 +219,13 @@ class GenerateStage:
     def _respond(self, request, on_progress: Callable | None):
         """Run one generation and turn its outcome into the one terminal response."""
         request_id = request.request_id()
-        if request_id:   # then the `cancel` model can cancel it (stages/cancel.py)
-            self.client_cancels.start(request_id)
+        # with an id the `cancel` model can cancel it (stages/cancel.py)
+        record = self.client_cancels.start(request_id) if request_id else None
         try:
             return self._outcome(request, on_progress)
         finally:
-            if request_id:
-                self.client_cancels.end(request_id)
+            if record:
+                self.client_cancels.end(request_id, record)
 
     def _cancelled(self, request) -> bool:
         """The client cancelled: its gRPC call (Triton's cancel) or its request id (the `cancel` model)."""
