@@ -6,6 +6,7 @@ with one CANCELLED error response, and unary gRPC and HTTP calls can be cancelle
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -14,7 +15,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from ditserve.cancellation import ClientCancels
+from ditserve.cancellation import PENDING_CANCEL_S, ClientCancels
 from ditserve.client import DitClient, GenerationRequest
 from helpers import StreamCall, delta_of, scrape, settled_scrape, wait_for_metric
 
@@ -51,6 +52,30 @@ def test_the_records_of_a_request_id_through_its_life(tmp_path):
     assert cancels.request("any id / even ../this") == "pending"   # hashed: any id is a safe name
     cancels.remove_all()
     assert not (tmp_path / "client-cancel").exists()
+
+
+def test_expired_records_are_dropped_off_the_response_path_once_for_all_processes(tmp_path):
+    """A generation's end starts the collection of records older than PENDING_CANCEL_S in a
+    thread; another process of the server (another ClientCancels on the folder) skips it within
+    the minute, as the stamp says it was done."""
+    cancels, other = (ClientCancels(root=tmp_path / "client-cancel") for _ in range(2))
+    cancels.request("stale cancel")
+    cancels.end("stale end", cancels.start("stale end"))
+    cancels.collector.join()                          # the first end collected (nothing was old yet)
+    old = time.time() - PENDING_CANCEL_S - 1
+    for records in (cancels.flags, cancels.ended):
+        for entry in records.root.iterdir():
+            os.utime(entry, (old, old))
+    other.end("fresh", other.start("fresh"))
+    assert other.collector is None                    # stamped less than a minute ago by `cancels`
+    assert cancels.request("stale end") == "finished"   # not collected: this process did, < 1 min ago
+    cancels.collected_at = 0.0
+    cancels.stamp.touch()
+    os.utime(cancels.stamp, (old, old))
+    cancels.end("fresh", cancels.start("fresh"))
+    cancels.collector.join()
+    assert not cancels.cancelled("stale cancel") and cancels.request("stale end") == "pending"
+    assert cancels.request("fresh") == "finished"
 
 
 def test_two_generations_with_one_id_are_cancelled_together(tmp_path):

@@ -159,7 +159,11 @@ class GenerationFiles:
 
     def has_prefix(self, prefix: str) -> bool:
         """Whether any entry's name starts with `prefix` (several records of one key)."""
-        return any(self.root.glob(f"{prefix}*"))
+        try:
+            with os.scandir(self.root) as entries:
+                return any(entry.name.startswith(prefix) for entry in entries)
+        except FileNotFoundError:
+            return False
 
     def discard(self, key: str) -> None:
         """Idempotent: cancel, timeout and error may all end the same generation."""
