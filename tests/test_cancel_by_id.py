@@ -7,6 +7,7 @@ with one CANCELLED error response, and unary gRPC and HTTP calls can be cancelle
 from __future__ import annotations
 
 import os
+import subprocess
 import threading
 import time
 
@@ -55,13 +56,16 @@ def test_the_records_of_a_request_id_through_its_life(tmp_path):
 
 
 def test_expired_records_are_dropped_off_the_response_path_once_for_all_processes(tmp_path):
-    """A generation's end starts the collection of records older than PENDING_CANCEL_S in a
-    thread; another process of the server (another ClientCancels on the folder) skips it within
-    the minute, as the stamp says it was done."""
+    """A generation's end starts the collection of records older than PENDING_CANCEL_S (and of
+    running records whose process died) in a thread; another process of the server (another
+    ClientCancels on the folder) skips it within the minute, as the stamp says it was done."""
     cancels, other = (ClientCancels(root=tmp_path / "client-cancel") for _ in range(2))
     cancels.request("stale cancel")
     cancels.end("stale end", cancels.start("stale end"))
     cancels.collector.join()                          # the first end collected (nothing was old yet)
+    dead = subprocess.Popen(["true"])                 # a stub that died mid-generation: its record stays
+    dead.wait()
+    cancels.running.mark(f"{ClientCancels.key('orphan')}.{dead.pid}.0")
     old = time.time() - PENDING_CANCEL_S - 1
     for records in (cancels.flags, cancels.ended):
         for entry in records.root.iterdir():
@@ -75,7 +79,7 @@ def test_expired_records_are_dropped_off_the_response_path_once_for_all_processe
     cancels.end("fresh", cancels.start("fresh"))
     cancels.collector.join()
     assert not cancels.cancelled("stale cancel") and cancels.request("stale end") == "pending"
-    assert cancels.request("fresh") == "finished"
+    assert cancels.request("fresh") == "finished" and cancels.request("orphan") == "pending"
 
 
 def test_two_generations_with_one_id_are_cancelled_together(tmp_path):

@@ -19,7 +19,7 @@ import threading
 import time
 from pathlib import Path
 
-from .scratch import GenerationFiles, pipeline_dir
+from .scratch import GenerationFiles, alive, pipeline_dir
 
 
 def default_root(server_pid: int | None = None, pipeline: str | None = None) -> Path:
@@ -90,9 +90,14 @@ class ClientCancels:
         self.collector.start()
 
     def _drop_expired(self) -> None:
+        """Cancels and end records past PENDING_CANCEL_S, and the running records of processes that
+        died mid-generation (a stub killed: its record would keep its id's cancels alive)."""
         try:
             for records in (self.flags, self.ended):
                 records.collect_garbage(PENDING_CANCEL_S)
+            for entry in os.scandir(self.running.root):
+                if not alive(int(entry.name.split(".")[1])):
+                    self.running.discard(entry.name)
         except OSError:   # the folder went with an unload (remove_all)
             pass
 

@@ -36,7 +36,7 @@ def sweep_dead_servers(base: Path) -> list[Path]:
     swept = []
     for folder in base.glob(f"{SERVER_PREFIX}*"):
         pid = folder.name.removeprefix(SERVER_PREFIX)
-        if pid.isdigit() and not _alive(int(pid)) and folder.is_dir():
+        if pid.isdigit() and not alive(int(pid)) and folder.is_dir():
             shutil.rmtree(folder, ignore_errors=True)
             swept.append(folder)
     return swept
@@ -119,7 +119,7 @@ def _is_triton(proc: Path) -> bool:
     return b"tritonserver" in command or b"backend_stub" in command
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     """Whether process `pid` runs; a zombie (killed, not yet reaped by its parent) does not.
     Without /proc (not Linux) every process counts as alive, so nothing is swept."""
     try:
