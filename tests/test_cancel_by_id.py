@@ -169,19 +169,20 @@ def test_a_cancel_sent_before_its_request_ends_it_before_any_model_work(server):
 
 
 def test_a_reused_id_still_cancels_the_generation_that_runs(server):
-    """Two streams sent with one id: the short one finishes, then a cancel by that id still
-    reaches the long one (each generation keeps its own running record)."""
+    """Two streams sent with one id: the second ends at once (rejected: too many steps), then a
+    cancel by that id still reaches the first (each generation keeps its own running record)."""
     before = settled_scrape(server.metrics_url)
     long = StreamCall(server.grpc_url, _long("long twin")).start()
     long.wait_progress(1)
-    short = StreamCall(server.grpc_url, GenerationRequest("short twin", seed=1, num_inference_steps=2),
-                       request_id=long.request_id).start()
-    assert short.outcome()[0] == "image"
+    twin = StreamCall(server.grpc_url, GenerationRequest("bad twin", num_inference_steps=1000),
+                      request_id=long.request_id).start()
+    kind, message = twin.outcome()
+    assert kind == "error" and "num_inference_steps" in message, message
     assert long.cancel_by_id() == "cancelling"
     assert long.outcome() == ("error", "request cancelled")
     assert wait_for_metric(server.metrics_url, "ditserve_state_table_size", "dit", 0.0) == 0.0
     delta = delta_of(before, settled_scrape(server.metrics_url), STREAM)
-    assert delta(CANCELLED) == 1 and delta("ditserve_requests_completed_total") == 1
+    assert delta(CANCELLED) == 1 and delta("ditserve_requests_failed_total") == 1
 
 
 def test_the_cancel_model_rejects_a_missing_id_with_what_to_send(server):
