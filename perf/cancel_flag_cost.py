@@ -2,7 +2,7 @@
 """What the cancel-by-id check costs a generation: streamed requests with and without a request id.
 
 A request sent with a request id is registered with the `cancel` model's records
-(cancellation.ClientCancels: three small file operations per generation) and its public model
+(cancellation.ClientCancels: a few small file operations per generation) and its public model
 looks for a client cancel flag at every dit step (one sha256 and one stat()). A request
 without an id skips all of it. This script serves one deployment and alternates the two kinds
 of solo request (random order within each pair, same prompt, seed and steps), then reports
