@@ -96,7 +96,7 @@ class ClientCancels:
             for records in (self.flags, self.ended):
                 records.collect_garbage(PENDING_CANCEL_S)
             for entry in os.scandir(self.running.root):
-                if not alive(int(entry.name.split(".")[1])):
+                if not alive(int(entry.name.split(".")[1])):   # <key>.<pid>.<n>, written by start()
                     self.running.discard(entry.name)
         except OSError:   # the folder went with an unload (remove_all)
             pass
@@ -111,7 +111,7 @@ class ClientCancels:
         (not seen yet, e.g. still queued: it ends as it starts, if that is within PENDING_CANCEL_S)."""
         key = self.key(request_id)
         self._collect_garbage()
-        if self.running.has_prefix(f"{key}."):
+        if self._runs(key):
             self.flags.mark(key)
             return "cancelling"
         if self.ended.has(key):
@@ -128,6 +128,10 @@ class ClientCancels:
         self.running.mark(record)
         return record
 
+    def _runs(self, key: str) -> bool:
+        """Whether a generation with this key runs: any of its running records (start())."""
+        return self.running.has_prefix(f"{key}.")
+
     def cancelled(self, request_id: str) -> bool:
         return self.flags.has(self.key(request_id))
 
@@ -138,7 +142,7 @@ class ClientCancels:
         self._collect_garbage()
         self.ended.mark(key)
         self.running.discard(record)
-        if not self.running.has_prefix(f"{key}."):
+        if not self._runs(key):
             self.flags.discard(key)
 
     def remove_all(self) -> None:
